@@ -1,0 +1,35 @@
+// CUDA backend. Every pointer in the params is device memory (cu_seqlens and kl_grad too).
+// Calls only enqueue work on `stream`: no host synchronisation, no allocation, so a training
+// step is CUDA-graph capturable. Scratch memory comes from the caller as a workspace whose
+// size depends on the shapes alone (query it with the *_workspace_bytes functions).
+#pragma once
+
+#include <cstddef>
+
+#include "flash_msa/msa.h"
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace flash_msa::cuda {
+
+struct Workspace {
+  void* data = nullptr;  // device memory, 256-byte aligned
+  size_t bytes = 0;
+};
+
+size_t select_workspace_bytes(const SelectParams& params);
+void select(const SelectParams& params, Workspace workspace, cudaStream_t stream);
+
+size_t forward_workspace_bytes(const ForwardParams& params, bool warmup);
+void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream_t stream);
+void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream_t stream);
+
+size_t backward_workspace_bytes(const BackwardParams& params, bool warmup);
+void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream);
+void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream);
+
+// True when a CUDA device of compute capability >= 8.0 is visible to this process.
+bool device_available();
+
+}  // namespace flash_msa::cuda

@@ -1,0 +1,127 @@
+// Public C++ API of flash-msa: MiniMax Sparse Attention (MSA) training operations.
+//
+// Framework-agnostic: raw pointers, int64 strides in elements, a dtype enum. The math is
+// ../../docs/spec.md (a copy of the project contract): proxy select -> sparse main attention
+// + KL alignment loss -> backward over the cached selection; warmup runs both branches densely.
+//
+// Every tensor argument is a 4-D view [batch, head, token, channel] whose channel stride is 1;
+// the other three strides are free (so [B,S,H,D] token-major buffers work without copies).
+// Outputs are overwritten, never accumulated into. Invalid arguments throw flash_msa::Error with
+// a message that names the argument and says what was expected and what was got.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+
+namespace flash_msa {
+
+inline constexpr int64_t kBlockSize = 128;  // BS: tokens per key block (fixed by the method)
+
+enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+
+class Error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A strided 4-D view [b, h, s, c] with unit channel stride.
+template <class T>
+struct View4 {
+  T* data = nullptr;
+  int64_t stride_b = 0;
+  int64_t stride_h = 0;
+  int64_t stride_s = 0;
+};
+using ConstView = View4<const void>;
+using MutView = View4<void>;
+
+// Contiguous [d0, d1, d2, d3] strides for a View4.
+template <class T>
+View4<T> contiguous_view(T* data, int64_t heads, int64_t tokens, int64_t channels) {
+  return {data, heads * tokens * channels, tokens * channels, channels};
+}
+
+// Shapes, scalars and document layout shared by every operation.
+struct Problem {
+  int64_t batch = 0;           // B
+  int64_t seqlen = 0;          // S, tokens per batch row (any S >= 1)
+  int64_t heads = 0;           // H main query heads
+  int64_t kv_heads = 0;        // Hk main key/value heads, H % Hk == 0
+  int64_t proxy_heads = 0;     // Hp proxy query heads, H % Hp == 0
+  int64_t proxy_kv_heads = 0;  // Hpk proxy key heads, Hp % Hpk == 0
+  int64_t head_dim = 0;        // D
+  int64_t proxy_head_dim = 0;  // Dp
+  int64_t top_k = 0;           // K selected blocks per (query, proxy head); ignored in warmup
+  float scale = 0.f;           // main softmax scale, usually D ** -0.5
+  float proxy_scale = 0.f;     // proxy score scale, usually Dp ** -0.5
+  DType dtype = DType::kBFloat16;  // dtype of every q/k/v/proxy/out/gradient tensor
+  // [num_docs + 1] int32 offsets over the flattened B*S token axis: 0 first, B*S last,
+  // non-decreasing, holding every multiple of S. Null: each batch row is one document.
+  // Lives on the device the operation runs on.
+  const int32_t* cu_seqlens = nullptr;
+  int64_t num_docs = 0;
+};
+
+// Proxy scores -> max-pool per block -> top-K blocks (own block forced), SPEC section 1.
+struct SelectParams {
+  Problem problem;
+  ConstView qp;       // [B, Hp, S, Dp]
+  ConstView kp;       // [B, Hpk, S, Dp]
+  int32_t* indices;   // [B, Hp, S, K] contiguous; ascending valid blocks, then -1
+};
+
+// Main attention over the selected blocks (sparse) or all visible keys (warmup), plus the
+// proxy log-sum-exp over the same set and, when asked, the KL value. SPEC sections 2, 3, 5.
+struct ForwardParams {
+  Problem problem;
+  const int32_t* indices = nullptr;  // [B, Hp, S, K] contiguous from select; null in warmup
+  ConstView qp;                      // [B, Hp, S, Dp]
+  ConstView kp;                      // [B, Hpk, S, Dp]
+  ConstView q;                       // [B, H, S, D]
+  ConstView k;                       // [B, Hk, S, D]
+  ConstView v;                       // [B, Hk, S, D]
+  MutView out;                       // [B, H, S, D]
+  float* lse = nullptr;              // [B, H, S] contiguous, natural log of scaled scores
+  float* lse_proxy = nullptr;        // [B, Hp, S] contiguous, proxy log-sum-exp over T(p, i)
+  float* kl = nullptr;               // [1], the KL loss value; null: not computed
+};
+
+// Backward over the cached selection: main gradients from dout, proxy gradients from the
+// KL weight w (read where it lives, never synchronised to the host). SPEC sections 4, 5.
+struct BackwardParams {
+  Problem problem;
+  const int32_t* indices = nullptr;  // [B, Hp, S, K] contiguous; null in warmup
+  ConstView qp;                      // [B, Hp, S, Dp]
+  ConstView kp;                      // [B, Hpk, S, Dp]
+  ConstView q;                       // [B, H, S, D]
+  ConstView k;                       // [B, Hk, S, D]
+  ConstView v;                       // [B, Hk, S, D]
+  ConstView out;                     // [B, H, S, D] forward output
+  ConstView dout;                    // [B, H, S, D] upstream gradient of out
+  const float* lse = nullptr;        // [B, H, S] contiguous, from the forward
+  const float* lse_proxy = nullptr;  // [B, Hp, S] contiguous, from the forward
+  const float* kl_grad = nullptr;    // [1] upstream gradient w of kl; null: w = 0
+  MutView dqp;                       // [B, Hp, S, Dp]
+  MutView dkp;                       // [B, Hpk, S, Dp]
+  MutView dq;                        // [B, H, S, D]
+  MutView dk;                        // [B, Hk, S, D]
+  MutView dv;                        // [B, Hk, S, D]
+  bool deterministic = false;        // bitwise-reproducible gradients (may be slower)
+};
+
+// Validation shared by every backend; each throws flash_msa::Error.
+void validate(const SelectParams& params);
+void validate(const ForwardParams& params, bool warmup);
+void validate(const BackwardParams& params, bool warmup);
+
+// Host-side checks of device-independent contents (cu_seqlens values, user-supplied indices).
+// The CPU backend calls them; GPU callers may call them on host copies.
+void validate_cu_seqlens_values(const Problem& problem, const int32_t* host_cu_seqlens);
+void validate_indices_values(const Problem& problem, const int32_t* host_cu_seqlens,
+                             const int32_t* host_indices);
+
+}  // namespace flash_msa

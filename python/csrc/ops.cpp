@@ -1,0 +1,305 @@
+#include "ops.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+#include "flash_msa/cpu.h"
+#include "flash_msa/msa.h"
+
+#ifdef FLASH_MSA_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "flash_msa/cuda.h"
+#endif
+
+namespace flash_msa::torch_ext {
+namespace {
+
+DType dtype_of(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    default:
+      TORCH_CHECK_VALUE(false, "flash_msa: ", name, ": expected float32, float16 or bfloat16, got ",
+                        t.scalar_type());
+  }
+}
+
+// The C++ views need a unit channel stride and token rows that do not overlap; any other layout
+// (an expanded gradient such as that of out.sum(), say) is copied once. Other strides pass
+// through, so [B, S, H, D] token-major buffers need no copy.
+at::Tensor kernel_layout(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() == 4, "flash_msa: ", name, ": expected a 4-D tensor, got ", t.dim(),
+                    "-D");
+  const bool fits = t.stride(3) == 1 && t.stride(2) >= t.size(3);
+  return fits ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+ConstView const_view(const at::Tensor& t) {
+  return {t.const_data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+MutView mut_view(const at::Tensor& t) {
+  return {t.mutable_data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// [B, S, H*D] token-major buffer seen as the logical [B, H, S, D] view of the C++ API.
+at::Tensor heads_view(const at::Tensor& t, int64_t heads, int64_t head_dim, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() == 3 && t.size(2) == heads * head_dim, "flash_msa: ", name,
+                    ": expected [B, S, ", heads * head_dim, "], got ", t.sizes());
+  return t.unflatten(2, {heads, head_dim}).permute({0, 2, 1, 3});
+}
+
+// True for CUDA tensors (after checking that this build can run them), false for CPU tensors.
+bool on_cuda(const at::Tensor& t) {
+  if (t.is_cuda()) {
+#ifndef FLASH_MSA_WITH_CUDA
+    TORCH_CHECK(false,
+                "flash_msa was built without CUDA kernels, so it cannot run on ", t.device(),
+                ". Rebuild with a CUDA toolkit whose major version matches torch's (torch.version."
+                "cuda) on the path and FLASH_MSA_CUDA unset: pip install --no-build-isolation .");
+#endif
+    return true;
+  }
+  TORCH_CHECK_VALUE(t.is_cpu(), "flash_msa: tensors must be on the CPU or a CUDA device, got ",
+                    t.device());
+  return false;
+}
+
+void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), "flash_msa: ", name, ": expected device ",
+                    ref.device(), ", got ", t.device());
+}
+
+// Fills the document layout of `problem`; the returned tensor keeps the offsets alive.
+at::Tensor set_documents(Problem& problem, const std::optional<at::Tensor>& cu_seqlens,
+                         const at::Tensor& ref) {
+  if (!cu_seqlens) return {};
+  const at::Tensor& cu = *cu_seqlens;
+  TORCH_CHECK_VALUE(cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.numel() >= 2,
+                    "flash_msa: cu_seqlens: expected a 1-D int32 tensor of at least 2 offsets, "
+                    "got ", cu.scalar_type(), " of shape ", cu.sizes());
+  check_same_device(ref, cu, "cu_seqlens");
+  at::Tensor contiguous = cu.contiguous();
+  problem.cu_seqlens = contiguous.const_data_ptr<int32_t>();
+  problem.num_docs = contiguous.numel() - 1;
+  return contiguous;
+}
+
+// The problem of a full operation; `top_k` is the number of selected blocks (0 in warmup).
+Problem make_problem(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q,
+                     const at::Tensor& k, int64_t top_k, double scale, double proxy_scale) {
+  return {.batch = q.size(0),
+          .seqlen = q.size(2),
+          .heads = q.size(1),
+          .kv_heads = k.size(1),
+          .proxy_heads = qp.size(1),
+          .proxy_kv_heads = kp.size(1),
+          .head_dim = q.size(3),
+          .proxy_head_dim = qp.size(3),
+          .top_k = top_k,
+          .scale = static_cast<float>(scale),
+          .proxy_scale = static_cast<float>(proxy_scale),
+          .dtype = dtype_of(q, "q")};
+}
+
+void check_like(const at::Tensor& t, const at::Tensor& ref, const char* name) {
+  check_same_device(ref, t, name);
+  TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "flash_msa: ", name, ": expected dtype ",
+                    ref.scalar_type(), " (that of q), got ", t.scalar_type());
+}
+
+// User- or select-supplied indices [B, Hp, S, K] int32; returns the contiguous copy to keep alive.
+at::Tensor checked_indices(const at::Tensor& indices, const at::Tensor& qp) {
+  TORCH_CHECK_VALUE(indices.scalar_type() == at::kInt && indices.dim() == 4 &&
+                        indices.size(0) == qp.size(0) && indices.size(1) == qp.size(1) &&
+                        indices.size(2) == qp.size(2),
+                    "flash_msa: indices: expected int32 [", qp.size(0), ", ", qp.size(1), ", ",
+                    qp.size(2), ", K], got ", indices.scalar_type(), " ", indices.sizes());
+  check_same_device(qp, indices, "indices");
+  return indices.contiguous();
+}
+
+at::Tensor checked_stats(const at::Tensor& t, const at::Tensor& ref, int64_t heads,
+                         const char* name) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.dim() == 3 && t.size(0) == ref.size(0) &&
+                        t.size(1) == heads && t.size(2) == ref.size(2),
+                    "flash_msa: ", name, ": expected float32 [", ref.size(0), ", ", heads, ", ",
+                    ref.size(2), "], got ", t.scalar_type(), " ", t.sizes());
+  check_same_device(ref, t, name);
+  return t.contiguous();
+}
+
+#ifdef FLASH_MSA_WITH_CUDA
+// Scratch memory from torch's caching allocator; freed when `holder` dies, which is safe right
+// after the launches because the allocator reuses it only in stream order.
+cuda::Workspace workspace(size_t bytes, const at::Tensor& like, at::Tensor& holder) {
+  if (bytes == 0) return {};
+  holder = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  return {holder.data_ptr(), bytes};
+}
+#endif
+
+}  // namespace
+
+at::Tensor select(const at::Tensor& qp_in, const at::Tensor& kp_in, int64_t top_k,
+                  double proxy_scale, const std::optional<at::Tensor>& cu_seqlens) {
+  const at::Tensor qp = kernel_layout(qp_in, "q_proxy");
+  const at::Tensor kp = kernel_layout(kp_in, "k_proxy");
+  check_like(kp, qp, "k_proxy");
+  // Selection reads only the proxy branch: the main-head fields mirror the proxy ones so that
+  // the shared validation sees a consistent problem.
+  Problem problem = make_problem(qp, kp, qp, kp, top_k, proxy_scale, proxy_scale);
+  const at::Tensor cu = set_documents(problem, cu_seqlens, qp);
+  at::Tensor indices =
+      at::empty({qp.size(0), qp.size(1), qp.size(2), top_k}, qp.options().dtype(at::kInt));
+  const SelectParams params{.problem = problem,
+                            .qp = const_view(qp),
+                            .kp = const_view(kp),
+                            .indices = indices.mutable_data_ptr<int32_t>()};
+  if (on_cuda(qp)) {
+#ifdef FLASH_MSA_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(qp.device());
+    at::Tensor holder;
+    cuda::select(params, workspace(cuda::select_workspace_bytes(params), qp, holder),
+                 at::cuda::getCurrentCUDAStream());
+#endif
+  } else {
+    cpu::select(params);
+  }
+  return indices;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
+    const at::Tensor& qp_in, const at::Tensor& kp_in, const at::Tensor& q_in,
+    const at::Tensor& k_in, const at::Tensor& v_in, const std::optional<at::Tensor>& indices_in,
+    double scale, double proxy_scale, const std::optional<at::Tensor>& cu_seqlens) {
+  const at::Tensor qp = kernel_layout(qp_in, "q_proxy"), kp = kernel_layout(kp_in, "k_proxy");
+  const at::Tensor q = kernel_layout(q_in, "q"), k = kernel_layout(k_in, "k"),
+                   v = kernel_layout(v_in, "v");
+  check_like(qp, q, "q_proxy");
+  check_like(kp, q, "k_proxy");
+  check_like(k, q, "k");
+  check_like(v, q, "v");
+  const bool warmup = !indices_in.has_value();
+  const at::Tensor indices = warmup ? at::Tensor() : checked_indices(*indices_in, qp);
+  Problem problem =
+      make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale);
+  const at::Tensor cu = set_documents(problem, cu_seqlens, q);
+
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
+  const at::Tensor out = at::empty({B, S, H, D}, q.options());
+  const at::TensorOptions f32 = q.options().dtype(at::kFloat);
+  at::Tensor lse = at::empty({B, H, S}, f32);
+  at::Tensor lse_proxy = at::empty({B, qp.size(1), S}, f32);
+  at::Tensor kl = at::empty({}, f32);
+  const ForwardParams params{.problem = problem,
+                             .indices = warmup ? nullptr : indices.const_data_ptr<int32_t>(),
+                             .qp = const_view(qp),
+                             .kp = const_view(kp),
+                             .q = const_view(q),
+                             .k = const_view(k),
+                             .v = const_view(v),
+                             .out = mut_view(out.permute({0, 2, 1, 3})),
+                             .lse = lse.mutable_data_ptr<float>(),
+                             .lse_proxy = lse_proxy.mutable_data_ptr<float>(),
+                             .kl = kl.mutable_data_ptr<float>()};
+  if (on_cuda(q)) {
+#ifdef FLASH_MSA_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(q.device());
+    at::Tensor holder;
+    const cuda::Workspace ws =
+        workspace(cuda::forward_workspace_bytes(params, warmup), q, holder);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    warmup ? cuda::warmup_forward(params, ws, stream) : cuda::sparse_forward(params, ws, stream);
+#endif
+  } else {
+    warmup ? cpu::warmup_forward(params) : cpu::sparse_forward(params);
+  }
+  return {out.view({B, S, H * D}), kl, lse, lse_proxy};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
+    const at::Tensor& dout_in, const std::optional<at::Tensor>& kl_grad_in,
+    const at::Tensor& qp_in, const at::Tensor& kp_in, const at::Tensor& q_in,
+    const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& out_in,
+    const at::Tensor& lse_in, const at::Tensor& lse_proxy_in,
+    const std::optional<at::Tensor>& indices_in, double scale, double proxy_scale,
+    const std::optional<at::Tensor>& cu_seqlens, bool deterministic) {
+  const at::Tensor qp = kernel_layout(qp_in, "q_proxy"), kp = kernel_layout(kp_in, "k_proxy");
+  const at::Tensor q = kernel_layout(q_in, "q"), k = kernel_layout(k_in, "k"),
+                   v = kernel_layout(v_in, "v");
+  check_like(qp, q, "q_proxy");
+  check_like(kp, q, "k_proxy");
+  check_like(k, q, "k");
+  check_like(v, q, "v");
+  const int64_t H = q.size(1), D = q.size(3);
+  check_like(out_in, q, "out");
+  check_like(dout_in, q, "dout");
+  const at::Tensor out = kernel_layout(heads_view(out_in, H, D, "out"), "out");
+  const at::Tensor dout = kernel_layout(heads_view(dout_in, H, D, "dout"), "dout");
+  const at::Tensor lse = checked_stats(lse_in, q, H, "lse");
+  const at::Tensor lse_proxy = checked_stats(lse_proxy_in, q, qp.size(1), "lse_proxy");
+  at::Tensor kl_grad;
+  if (kl_grad_in) {
+    TORCH_CHECK_VALUE(kl_grad_in->numel() == 1, "flash_msa: kl_grad: expected one element, got ",
+                      kl_grad_in->sizes());
+    check_same_device(q, *kl_grad_in, "kl_grad");
+    kl_grad = kl_grad_in->to(at::kFloat).contiguous();
+  }
+  const bool warmup = !indices_in.has_value();
+  const at::Tensor indices = warmup ? at::Tensor() : checked_indices(*indices_in, qp);
+  Problem problem =
+      make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale);
+  const at::Tensor cu = set_documents(problem, cu_seqlens, q);
+
+  at::Tensor dqp = at::empty(qp.sizes(), q.options()), dkp = at::empty(kp.sizes(), q.options());
+  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), q.options()),
+             dv = at::empty(v.sizes(), q.options());
+  const BackwardParams params{
+      .problem = problem,
+      .indices = warmup ? nullptr : indices.const_data_ptr<int32_t>(),
+      .qp = const_view(qp),
+      .kp = const_view(kp),
+      .q = const_view(q),
+      .k = const_view(k),
+      .v = const_view(v),
+      .out = const_view(out),
+      .dout = const_view(dout),
+      .lse = lse.const_data_ptr<float>(),
+      .lse_proxy = lse_proxy.const_data_ptr<float>(),
+      .kl_grad = kl_grad.defined() ? kl_grad.const_data_ptr<float>() : nullptr,
+      .dqp = mut_view(dqp),
+      .dkp = mut_view(dkp),
+      .dq = mut_view(dq),
+      .dk = mut_view(dk),
+      .dv = mut_view(dv),
+      .deterministic = deterministic};
+  if (on_cuda(q)) {
+#ifdef FLASH_MSA_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(q.device());
+    at::Tensor holder;
+    const cuda::Workspace ws =
+        workspace(cuda::backward_workspace_bytes(params, warmup), q, holder);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    warmup ? cuda::warmup_backward(params, ws, stream) : cuda::sparse_backward(params, ws, stream);
+#endif
+  } else {
+    warmup ? cpu::warmup_backward(params) : cpu::sparse_backward(params);
+  }
+  return {dqp, dkp, dq, dk, dv};
+}
+
+bool built_with_cuda() {
+#ifdef FLASH_MSA_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace flash_msa::torch_ext

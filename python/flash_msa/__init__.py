@@ -1,0 +1,33 @@
+"""flash-msa: MiniMax Sparse Attention (MSA) training ops for PyTorch.
+
+CPU tensors run the C++ reference backend; CUDA tensors run the CUDA kernels when the package
+was built with them (``flash_msa.built_with_cuda()``). See docs/python.md.
+"""
+
+import torch  # noqa: F401  (loads libtorch, which the extension _C links against)
+
+from . import _C, ops
+from .interface import (
+    BLOCK_SIZE,
+    flash_msa_func,
+    flash_msa_warmup_func,
+    select_blocks,
+    sparse_attention,
+)
+from .modules import MSAAttention, apply_rope
+
+built_with_cuda = _C.built_with_cuda
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BLOCK_SIZE",
+    "MSAAttention",
+    "apply_rope",
+    "built_with_cuda",
+    "flash_msa_func",
+    "flash_msa_warmup_func",
+    "ops",
+    "select_blocks",
+    "sparse_attention",
+]

@@ -1,0 +1,240 @@
+"""The public functions: Flash-MSA's ``flash_msa_func`` / ``flash_msa_warmup_func`` and the
+decomposed ``select_blocks`` + ``sparse_attention``.
+
+Tensors are head-major (B, heads, S, D) as in Flash-MSA; the attention output is token-major
+(B, S, H*D). Every argument is checked here, before the C++ extension, so that a mistake is
+reported in the caller's terms; values that only the data can reveal (cu_seqlens offsets,
+user-supplied indices) are checked by the C++ core on the CPU, never on the GPU (that would
+need a host sync).
+"""
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import ops
+
+BLOCK_SIZE = 128  # tokens per key block, fixed by the method
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _fail(message: str):
+    raise ValueError(f"flash_msa: {message}")
+
+
+def _check_tensor(name: str, t, ref: Optional[Tensor] = None) -> None:
+    if not isinstance(t, Tensor):
+        _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        _fail(f"{name}: expected a 4-D tensor (B, heads, S, head_dim), got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        _fail(f"{name}: expected bfloat16, float16 or float32, got {t.dtype}")
+    if ref is not None:
+        if t.dtype != ref.dtype:
+            _fail(f"{name}: expected dtype {ref.dtype} (that of q_proxy), got {t.dtype}")
+        if t.device != ref.device:
+            _fail(f"{name}: expected device {ref.device} (that of q_proxy), got {t.device}")
+        if t.shape[0] != ref.shape[0] or t.shape[2] != ref.shape[2]:
+            _fail(
+                f"{name}: expected batch {ref.shape[0]} and seqlen {ref.shape[2]} "
+                f"(those of q_proxy), got shape {tuple(t.shape)}"
+            )
+
+
+def _check_divides(what: str, a: int, a_name: str, b: int, b_name: str) -> None:
+    if b == 0 or a % b != 0:
+        _fail(f"{what}: {a_name} ({a}) must be a multiple of {b_name} ({b})")
+
+
+def _check_cu_seqlens(cu_seqlens: Optional[Tensor], ref: Tensor) -> None:
+    if cu_seqlens is None:
+        return
+    if not isinstance(cu_seqlens, Tensor):
+        _fail(f"cu_seqlens: expected a torch.Tensor or None, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        _fail(
+            "cu_seqlens: expected a 1-D int32 tensor of at least 2 offsets over the flattened "
+            f"B*S token axis, got {cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}"
+        )
+    if cu_seqlens.device != ref.device:
+        _fail(f"cu_seqlens: expected device {ref.device} (that of the inputs), got {cu_seqlens.device}")
+
+
+def _check_scale(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(f"{name}: expected a float or None, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        _fail(f"{name}: expected a finite positive number, got {value}")
+    return float(value)
+
+
+def _check_proxy(q_proxy: Tensor, k_proxy: Tensor) -> None:
+    _check_tensor("q_proxy", q_proxy)
+    _check_tensor("k_proxy", k_proxy, q_proxy)
+    if k_proxy.shape[3] != q_proxy.shape[3]:
+        _fail(
+            f"k_proxy: expected proxy head_dim {q_proxy.shape[3]} (that of q_proxy), "
+            f"got {k_proxy.shape[3]}"
+        )
+    _check_divides("heads", q_proxy.shape[1], "proxy heads", k_proxy.shape[1], "proxy kv heads")
+
+
+def _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens) -> None:
+    _check_proxy(q_proxy, k_proxy)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, q_proxy)
+    if k.shape != v.shape:
+        _fail(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    if k.shape[3] != q.shape[3]:
+        _fail(f"k: expected head_dim {q.shape[3]} (that of q), got {k.shape[3]}")
+    heads, kv_heads, proxy_heads = q.shape[1], k.shape[1], q_proxy.shape[1]
+    _check_divides("heads", heads, "heads", kv_heads, "kv heads")
+    _check_divides("heads", heads, "heads", proxy_heads, "proxy heads")
+    _check_cu_seqlens(cu_seqlens, q_proxy)
+
+
+def _scales(q_proxy: Tensor, q: Tensor, scale, proxy_scale) -> tuple[float, float]:
+    """Main scale: D**-0.5 unless given. Proxy scale: given, else the main scale when that was
+    given (Flash-MSA's single scale), else Dp**-0.5."""
+    main = q.shape[3] ** -0.5 if scale is None else _check_scale("scale", scale)
+    if proxy_scale is not None:
+        return main, _check_scale("proxy_scale", proxy_scale)
+    return main, (q_proxy.shape[3] ** -0.5 if scale is None else main)
+
+
+def _check_top_k_blocks(top_k_blocks) -> int:
+    if isinstance(top_k_blocks, bool) or not isinstance(top_k_blocks, int) or top_k_blocks < 1:
+        _fail(f"top_k_blocks: expected an int >= 1 (blocks of {BLOCK_SIZE} tokens), got {top_k_blocks!r}")
+    return top_k_blocks
+
+
+def _check_indices(indices, q_proxy: Tensor) -> None:
+    if not isinstance(indices, Tensor):
+        _fail(f"indices: expected a torch.Tensor, got {type(indices).__name__}")
+    batch, proxy_heads, seqlen, _ = q_proxy.shape
+    if (
+        indices.dtype != torch.int32
+        or indices.dim() != 4
+        or tuple(indices.shape[:3]) != (batch, proxy_heads, seqlen)
+        or indices.shape[3] < 1
+    ):
+        _fail(
+            f"indices: expected int32 of shape ({batch}, {proxy_heads}, {seqlen}, K) with K >= 1, "
+            f"got {indices.dtype} of shape {tuple(indices.shape)}"
+        )
+    if indices.device != q_proxy.device:
+        _fail(f"indices: expected device {q_proxy.device} (that of q_proxy), got {indices.device}")
+
+
+def select_blocks(
+    q_proxy: Tensor,
+    k_proxy: Tensor,
+    top_k_blocks: int,
+    proxy_scale: Optional[float] = None,
+    cu_seqlens: Optional[Tensor] = None,
+) -> Tensor:
+    """Top-k block selection of the proxy branch (SPEC section 1).
+
+    q_proxy (B, Hp, S, Dp), k_proxy (B, Hpk, S, Dp) -> int32 (B, Hp, S, top_k_blocks): the
+    selected blocks of 128 keys per query and proxy head, ascending, the own block always
+    among them, then -1 where fewer blocks are visible. Ties go to the lower block index.
+    ``proxy_scale`` defaults to Dp**-0.5 (a positive scale does not change the ranking).
+    """
+    _check_proxy(q_proxy, k_proxy)
+    _check_cu_seqlens(cu_seqlens, q_proxy)
+    top_k_blocks = _check_top_k_blocks(top_k_blocks)
+    if proxy_scale is None:
+        proxy_scale = q_proxy.shape[3] ** -0.5
+    proxy_scale = _check_scale("proxy_scale", proxy_scale)
+    return ops.select(q_proxy, k_proxy, top_k_blocks, proxy_scale, cu_seqlens)
+
+
+def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic):
+    main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
+    out, kl, _, _ = ops.forward(
+        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(deterministic)
+    )
+    return out, kl
+
+
+def sparse_attention(
+    q_proxy: Tensor,
+    k_proxy: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    indices: Tensor,
+    scale: Optional[float] = None,
+    proxy_scale: Optional[float] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    *,
+    deterministic: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Main attention over given blocks plus the KL alignment loss (SPEC sections 2-4).
+
+    ``indices`` int32 (B, Hp, S, K) in the form :func:`select_blocks` returns: per row,
+    strictly ascending visible blocks that include the query's own block, then -1 padding
+    (the CPU backend checks this and raises ValueError).
+    Returns (out (B, S, H*D), kl 0-dim fp32), differentiable w.r.t. q, k, v (through out)
+    and q_proxy, k_proxy (through kl).
+    """
+    _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
+    _check_indices(indices, q_proxy)
+    return _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic)
+
+
+def flash_msa_func(
+    q_proxy: Tensor,
+    k_proxy: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    top_k: int,
+    scale: Optional[float] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    proxy_scale: Optional[float] = None,
+    *,
+    return_kl: bool = True,
+    deterministic: bool = False,
+):
+    """MiniMax Sparse Attention, Flash-MSA's call: select, then sparse attention + KL.
+
+    q_proxy (B, Hp, S, Dp), k_proxy (B, Hpk, S, Dp), q (B, H, S, D), k and v (B, Hk, S, D),
+    all of one dtype on one device. ``top_k`` counts tokens: a multiple of 128, K = top_k // 128
+    blocks (K may exceed the number of blocks). Returns (out (B, S, H*D), kl_loss) where
+    kl_loss is the true KL value (0-dim fp32); adding it to the loss trains the proxy, with
+    gradients scaled by its upstream gradient. ``return_kl=False`` returns out alone.
+    """
+    _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < BLOCK_SIZE or top_k % BLOCK_SIZE:
+        _fail(f"top_k: expected a positive multiple of {BLOCK_SIZE} tokens, got {top_k!r}")
+    main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
+    indices = ops.select(q_proxy, k_proxy, top_k // BLOCK_SIZE, proxy, cu_seqlens)
+    out, kl = _attention(q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, deterministic)
+    return (out, kl) if return_kl else out
+
+
+def flash_msa_warmup_func(
+    q_proxy: Tensor,
+    k_proxy: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    top_k: Optional[int] = None,
+    scale: Optional[float] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    proxy_scale: Optional[float] = None,
+    *,
+    return_kl: bool = True,
+    deterministic: bool = False,
+):
+    """Warmup phase (SPEC section 5): dense causal attention, KL against the dense teacher.
+
+    Same arguments and results as :func:`flash_msa_func`; ``top_k`` is ignored (kept so that
+    the two functions are interchangeable).
+    """
+    _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
+    out, kl = _attention(q_proxy, k_proxy, q, k, v, None, scale, proxy_scale, cu_seqlens, deterministic)
+    return (out, kl) if return_kl else out

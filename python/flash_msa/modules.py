@@ -1,0 +1,106 @@
+"""MSAAttention: a GQA attention layer with the MSA proxy (index) branch."""
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .interface import BLOCK_SIZE, flash_msa_func, flash_msa_warmup_func
+
+
+def apply_rope(x: Tensor, base: float) -> Tensor:
+    """NeoX-style rotary embedding of x (B, heads, S, d) at positions 0..S-1.
+
+    Channel c < d/2 is rotated with channel c + d/2 at frequency base**(-2c/d); the angles and
+    the rotation are computed in fp32 (float64 stays float64). With packed documents the positions still count from the
+    start of the batch row: attention never crosses a document and RoPE scores depend only on
+    i - j, so per-document positions would give the same scores.
+    """
+    seqlen, dim = x.shape[2], x.shape[3]
+    half = dim // 2
+    compute = torch.promote_types(x.dtype, torch.float32)
+    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=compute) / half)
+    angles = torch.arange(seqlen, device=x.device, dtype=compute)[:, None] * inv_freq
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.to(compute).chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class MSAAttention(nn.Module):
+    """hidden (B, S, hidden_size) -> (out (B, S, hidden_size), kl_loss).
+
+    Main branch: q/k/v projections (num_heads query heads sharing num_kv_heads key/value heads,
+    head_dim each), RoPE, MSA attention, output projection. Proxy branch: q/k index projections
+    (num_proxy_heads heads sharing num_proxy_kv_heads key heads, proxy_head_dim each) with RoPE,
+    fed from ``hidden.detach()`` so the KL trains only the index projections (the paper's
+    gradient detach). Add ``kl_loss`` (times a weight) to the training loss; set ``warmup``
+    to True for the dense warmup phase. ``top_k`` counts tokens (a multiple of 128).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_proxy_heads: Optional[int] = None,
+        num_proxy_kv_heads: int = 1,
+        proxy_head_dim: Optional[int] = None,
+        top_k: int = 2048,
+        rope_base: float = 10000.0,
+        warmup: bool = False,
+        bias: bool = False,
+        deterministic: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        num_proxy_heads = num_kv_heads if num_proxy_heads is None else num_proxy_heads
+        proxy_head_dim = head_dim if proxy_head_dim is None else proxy_head_dim
+        for name, a, b in (
+            ("num_heads", num_heads, num_kv_heads),
+            ("num_heads", num_heads, num_proxy_heads),
+            ("num_proxy_heads", num_proxy_heads, num_proxy_kv_heads),
+        ):
+            if b < 1 or a % b:
+                raise ValueError(f"flash_msa: MSAAttention: {name} ({a}) must be a multiple of {b}")
+        if head_dim % 2 or proxy_head_dim % 2:
+            raise ValueError(
+                f"flash_msa: MSAAttention: RoPE needs even head dims, got head_dim {head_dim}, "
+                f"proxy_head_dim {proxy_head_dim}"
+            )
+        if top_k < BLOCK_SIZE or top_k % BLOCK_SIZE:
+            raise ValueError(f"flash_msa: MSAAttention: top_k must be a positive multiple of {BLOCK_SIZE}, got {top_k}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.num_proxy_heads, self.num_proxy_kv_heads = num_proxy_heads, num_proxy_kv_heads
+        self.proxy_head_dim = proxy_head_dim
+        self.top_k, self.rope_base, self.warmup = top_k, rope_base, warmup
+        self.deterministic = deterministic
+        factory = dict(device=device, dtype=dtype)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
+        self.q_proxy_proj = nn.Linear(hidden_size, num_proxy_heads * proxy_head_dim, bias=bias, **factory)
+        self.k_proxy_proj = nn.Linear(hidden_size, num_proxy_kv_heads * proxy_head_dim, bias=bias, **factory)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias, **factory)
+
+    @staticmethod
+    def _heads(x: Tensor, heads: int) -> Tensor:
+        # (B, S, heads*d) -> (B, heads, S, d) as a strided view: the kernels take the strides.
+        return x.unflatten(-1, (heads, -1)).transpose(1, 2)
+
+    def forward(self, hidden: Tensor, cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        base = self.rope_base
+        q = apply_rope(self._heads(self.q_proj(hidden), self.num_heads), base)
+        k = apply_rope(self._heads(self.k_proj(hidden), self.num_kv_heads), base)
+        v = self._heads(self.v_proj(hidden), self.num_kv_heads)
+        detached = hidden.detach()
+        q_proxy = apply_rope(self._heads(self.q_proxy_proj(detached), self.num_proxy_heads), base)
+        k_proxy = apply_rope(self._heads(self.k_proxy_proj(detached), self.num_proxy_kv_heads), base)
+        attend = flash_msa_warmup_func if self.warmup else flash_msa_func
+        out, kl = attend(
+            q_proxy, k_proxy, q, k, v, self.top_k, cu_seqlens=cu_seqlens,
+            deterministic=self.deterministic,
+        )
+        return self.o_proj(out), kl

@@ -1,0 +1,124 @@
+"""The torch custom ops of flash_msa (namespace ``flash_msa``) over the C++ extension.
+
+Three ops: ``select`` (proxy top-k block selection), ``forward`` (both branches, sparse over
+indices or dense when indices is None) and ``backward``. Each has a fake implementation, so
+``torch.compile(fullgraph=True)`` traces through them, and ``forward`` has an autograd formula
+that calls ``backward``. None of them reads a tensor value on the host: on CUDA they only
+enqueue kernels on the current stream, so they can be captured in a CUDA graph.
+
+The arguments are checked by the public functions in ``interface.py``; these ops are the raw
+layer underneath.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+
+@torch.library.custom_op("flash_msa::select", mutates_args=())
+def select(
+    qp: Tensor, kp: Tensor, top_k: int, proxy_scale: float, cu_seqlens: Optional[Tensor]
+) -> Tensor:
+    """Indices int32 [B, Hp, S, top_k]: selected blocks ascending, then -1 padding."""
+    return _C.select(qp, kp, top_k, proxy_scale, cu_seqlens)
+
+
+@select.register_fake
+def _select_fake(qp, kp, top_k, proxy_scale, cu_seqlens):
+    batch, proxy_heads, seqlen, _ = qp.shape
+    return qp.new_empty((batch, proxy_heads, seqlen, top_k), dtype=torch.int32)
+
+
+@torch.library.custom_op("flash_msa::forward", mutates_args=())
+def forward(
+    qp: Tensor,
+    kp: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    indices: Optional[Tensor],
+    scale: float,
+    proxy_scale: float,
+    cu_seqlens: Optional[Tensor],
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(out [B, S, H*D], kl 0-dim fp32, lse fp32 [B, H, S], lse_proxy fp32 [B, Hp, S]).
+
+    ``indices`` None runs warmup (dense). ``deterministic`` is not used by the forward; it is
+    an argument here so that the autograd formula can hand it to the backward.
+    """
+    return _C.forward(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens)
+
+
+@forward.register_fake
+def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic):
+    batch, heads, seqlen, head_dim = q.shape
+    f32 = torch.float32
+    return (
+        q.new_empty((batch, seqlen, heads * head_dim)),
+        q.new_empty((), dtype=f32),
+        q.new_empty((batch, heads, seqlen), dtype=f32),
+        q.new_empty((batch, qp.shape[1], seqlen), dtype=f32),
+    )
+
+
+@torch.library.custom_op("flash_msa::backward", mutates_args=())
+def backward(
+    dout: Tensor,
+    kl_grad: Optional[Tensor],
+    qp: Tensor,
+    kp: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    lse_proxy: Tensor,
+    indices: Optional[Tensor],
+    scale: float,
+    proxy_scale: float,
+    cu_seqlens: Optional[Tensor],
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dqp, dkp, dq, dk, dv), contiguous and shaped like qp, kp, q, k, v.
+
+    Main gradients come from ``dout`` [B, S, H*D]; proxy gradients from the KL weight
+    ``kl_grad`` (0-dim fp32 on the device; None means 0).
+    """
+    return _C.backward(
+        dout, kl_grad, qp, kp, q, k, v, out, lse, lse_proxy, indices, scale, proxy_scale,
+        cu_seqlens, deterministic,
+    )
+
+
+@backward.register_fake
+def _backward_fake(dout, kl_grad, qp, kp, q, k, v, *rest):
+    return tuple(t.new_empty(t.shape) for t in (qp, kp, q, k, v))
+
+
+def _forward_setup_context(ctx, inputs, output):
+    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic = inputs
+    out, _, lse, lse_proxy = output
+    ctx.save_for_backward(qp, kp, q, k, v, out, lse, lse_proxy, indices, cu_seqlens)
+    ctx.scale = scale
+    ctx.proxy_scale = proxy_scale
+    ctx.deterministic = deterministic
+    # The statistics are outputs only so that the backward can reuse them.
+    ctx.mark_non_differentiable(lse, lse_proxy)
+
+
+def _forward_backward(ctx, dout, kl_grad, _dlse, _dlse_proxy):
+    qp, kp, q, k, v, out, lse, lse_proxy, indices, cu_seqlens = ctx.saved_tensors
+    # kl_grad stays a device tensor: the proxy gradients are scaled by it inside the kernels,
+    # without a host sync.
+    grads = backward(
+        dout, kl_grad, qp, kp, q, k, v, out, lse, lse_proxy, indices, ctx.scale,
+        ctx.proxy_scale, cu_seqlens, ctx.deterministic,
+    )
+    return (*grads, None, None, None, None, None)
+
+
+forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)

@@ -1,0 +1,29 @@
+#include "common/check.h"
+#include "flash_msa/msa.h"
+
+namespace flash_msa {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+  }
+  fail("dtype", "float32, float16 or bfloat16", str(static_cast<int32_t>(dtype)));
+}
+
+}  // namespace flash_msa

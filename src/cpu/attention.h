@@ -1,0 +1,120 @@
+// Per-query building blocks shared by the forward and backward of both modes: the G main heads
+// of one proxy group are processed together so that each tile of attended keys is read once
+// per query for all of them.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/kernels.h"
+#include "cpu/tensor.h"
+#include "flash_msa/msa.h"
+
+namespace flash_msa::cpu {
+
+struct Dims {
+  explicit Dims(const Problem& p)
+      : B(p.batch),
+        S(p.seqlen),
+        H(p.heads),
+        Hk(p.kv_heads),
+        Hp(p.proxy_heads),
+        Hpk(p.proxy_kv_heads),
+        D(p.head_dim),
+        Dp(p.proxy_head_dim),
+        K(p.top_k),
+        G(H / Hp) {}
+  int64_t kv_head(int64_t h) const { return h / (H / Hk); }
+  int64_t proxy_key_head(int64_t p) const { return p / (Hp / Hpk); }
+  int64_t rows() const { return B * Hp * S; }  // (b, p, i) query rows
+
+  int64_t B, S, H, Hk, Hp, Hpk, D, Dp, K, G;
+};
+
+// Heads g and g + 1 of the group from h0 read the same kv head, so they can share key loads.
+inline bool same_kv(const Dims& d, int64_t h0, int64_t g) {
+  return g + 1 < d.G && d.kv_head(h0 + g) == d.kv_head(h0 + g + 1);
+}
+
+// out[g * n + x] = <rows[g], key x of kv head kv_head(h0 + g)> for the G heads from h0, over the
+// n attended keys.
+inline void group_dots(const Dims& d, int64_t b, int64_t h0, const float* rows, const Packed& keys,
+                       const KeyRange* ranges, int64_t num_ranges, float* out, int64_t n) {
+  for_each_key_tile(ranges, num_ranges, [&](int64_t j, int64_t len, int64_t x) {
+    for (int64_t g = 0; g < d.G;) {
+      const float* k = keys.row(b, d.kv_head(h0 + g), j);
+      if (same_kv(d, h0, g)) {
+        dots2(rows + g * d.D, rows + (g + 1) * d.D, k, len, d.D, out + g * n + x,
+              out + (g + 1) * n + x);
+        g += 2;
+      } else {
+        dots(rows + g * d.D, k, len, d.D, out + g * n + x);
+        g += 1;
+      }
+    }
+  });
+}
+
+// acc[g] += sum_x coef[g * n + x] * (key x of kv head kv_head(h0 + g)).
+inline void group_axpy(const Dims& d, int64_t b, int64_t h0, const float* coef, const Packed& keys,
+                       const KeyRange* ranges, int64_t num_ranges, int64_t n, float* acc) {
+  for_each_key_tile(ranges, num_ranges, [&](int64_t j, int64_t len, int64_t x) {
+    for (int64_t g = 0; g < d.G;) {
+      const float* k = keys.row(b, d.kv_head(h0 + g), j);
+      const bool pair = same_kv(d, h0, g);
+      axpy2(acc + g * d.D, pair ? acc + (g + 1) * d.D : nullptr, coef + g * n + x,
+            coef + (g + 1) * n + x, 1, k, len, d.D);
+      g += pair ? 2 : 1;
+    }
+  });
+}
+
+// key_acc[kv_head(h0 + g), key x] += sum_g coef[g * n + x] * rows[g]: the transpose of
+// group_axpy into a [B, Hk, S, D] accumulator, all heads of a kv head per pass over two keys.
+inline void group_scatter(const Dims& d, int64_t b, int64_t h0, const float* coef,
+                          const float* rows, const KeyRange* ranges, int64_t num_ranges, int64_t n,
+                          float* key_acc) {
+  for (int64_t g0 = 0; g0 < d.G;) {
+    const int64_t kv = d.kv_head(h0 + g0);
+    int64_t g1 = g0 + 1;
+    while (g1 < d.G && d.kv_head(h0 + g1) == kv) ++g1;
+    float* base = key_acc + (b * d.Hk + kv) * d.S * d.D;
+    const float* c = coef + g0 * n;
+    int64_t x = 0;
+    for (int64_t r = 0; r < num_ranges; ++r)
+      for (int64_t j = ranges[r].begin; j < ranges[r].end;) {
+        const bool pair = j + 1 < ranges[r].end;
+        axpy2(base + j * d.D, pair ? base + (j + 1) * d.D : nullptr, c + x, c + x + 1, n,
+              rows + g0 * d.D, g1 - g0, d.D);
+        const int64_t step = pair ? 2 : 1;
+        j += step;
+        x += step;
+      }
+    g0 = g1;
+  }
+}
+
+// out[x] = <row, proxy key x> over the n attended keys of proxy key head `pk`.
+inline void proxy_dots(const Dims& d, int64_t b, int64_t pk, const float* row, const Packed& kp,
+                       const KeyRange* ranges, int64_t num_ranges, float* out) {
+  for_each_key_tile(ranges, num_ranges, [&](int64_t j, int64_t len, int64_t x) {
+    dots(row, kp.row(b, pk, j), len, d.Dp, out + x);
+  });
+}
+
+// The host-side value checks both directions run before reading a tensor: the document offsets
+// in warmup, the index entries (against the documents) in sparse mode.
+inline void validate_host_values(const Problem& pr, const int32_t* indices, bool warmup) {
+  if (warmup) {
+    validate_cu_seqlens_values(pr, pr.cu_seqlens);
+  } else {
+    validate_indices_values(pr, pr.cu_seqlens, indices);
+  }
+}
+
+// The largest attended-key count of any query: K blocks, or every key in warmup.
+inline int64_t max_attended(const Dims& d, bool warmup) {
+  const int64_t num_blocks = (d.S + kBlockSize - 1) / kBlockSize;
+  return warmup ? d.S : std::min(d.K, num_blocks) * kBlockSize;
+}
+
+}  // namespace flash_msa::cpu

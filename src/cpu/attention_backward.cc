@@ -1,0 +1,145 @@
+// Backward of both modes (SPEC sections 4, 5) over the cached selection, one (b, proxy head,
+// query) row at a time: P is recomputed from the forward's lse, dq and dqp are written per row,
+// and dk, dv, dkp go to per-thread fp32 accumulators that are summed in thread order. Rows are
+// split statically, so results are bitwise reproducible for a given thread count (the
+// deterministic flag costs nothing here).
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/documents.h"
+#include "cpu/attention.h"
+#include "cpu/kernels.h"
+#include "cpu/tensor.h"
+#include "flash_msa/cpu.h"
+
+namespace flash_msa::cpu {
+namespace {
+
+// dst[b, h, s] = sum over threads of acc[t][b, h, s] for a [B, heads, S, C] accumulator.
+void reduce_store(DType dtype, const std::vector<std::vector<float>>& acc, const MutView& dst,
+                  int64_t batch, int64_t heads, int64_t seqlen, int64_t channels) {
+  const int64_t rows = batch * heads * seqlen;
+#pragma omp parallel
+  {
+    std::vector<float> sum(static_cast<size_t>(channels));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      std::fill(sum.begin(), sum.end(), 0.f);
+      for (const std::vector<float>& t : acc) {
+        if (t.empty()) continue;  // a thread the runtime did not start
+        const float* row = &t[static_cast<size_t>(r * channels)];
+        for (int64_t c = 0; c < channels; ++c) sum[static_cast<size_t>(c)] += row[c];
+      }
+      const int64_t b = r / (heads * seqlen), h = r / seqlen % heads, s = r % seqlen;
+      store_row(dtype, dst.data, offset(dst, b, h, s), sum.data(), channels);
+    }
+  }
+}
+
+void backward(const BackwardParams& params, bool warmup) {
+  validate(params, warmup);
+  const Problem& pr = params.problem;
+  validate_host_values(pr, params.indices, warmup);
+  const Dims d(pr);
+  const std::vector<int32_t> starts = document_starts(pr, pr.cu_seqlens);
+  const Packed kp(pr.dtype, params.kp, d.B, d.Hpk, d.S, d.Dp);
+  const Packed k(pr.dtype, params.k, d.B, d.Hk, d.S, d.D);
+  const Packed v(pr.dtype, params.v, d.B, d.Hk, d.S, d.D);
+  const int64_t max_keys = max_attended(d, warmup);
+  // g = kl_weight * (pp - t): the KL gradient w / (B * Hp * S) folded into one factor.
+  const float kl_weight = (params.kl_grad ? *params.kl_grad : 0.f) / static_cast<float>(d.rows());
+  const int threads = omp_get_max_threads();
+  const size_t kv_size = static_cast<size_t>(d.B * d.Hk * d.S * d.D);
+  std::vector<std::vector<float>> dk_acc(threads), dv_acc(threads), dkp_acc(threads);
+
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = omp_get_thread_num();
+    dk_acc[tid].assign(kv_size, 0.f);
+    dv_acc[tid].assign(kv_size, 0.f);
+    dkp_acc[tid].assign(static_cast<size_t>(d.B * d.Hpk * d.S * d.Dp), 0.f);
+    const size_t head_rows = static_cast<size_t>(d.G * d.D);
+    std::vector<float> q(head_rows), dout(head_rows), out(head_rows), dq(head_rows);
+    std::vector<float> delta(static_cast<size_t>(d.G)), qp(static_cast<size_t>(d.Dp)),
+        dqp(qp.size());
+    std::vector<float> prob(static_cast<size_t>(d.G * max_keys)), dprob(prob.size());
+    std::vector<float> teacher(static_cast<size_t>(max_keys)), grad(teacher.size());
+    std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
+#pragma omp for schedule(static, kRowChunk)
+    for (int64_t r = 0; r < d.rows(); ++r) {
+      const int64_t b = r / (d.Hp * d.S), p = r / d.S % d.Hp, i = r % d.S, h0 = p * d.G;
+      const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
+      const int64_t nr =
+          attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + i)], i, ranges.data());
+      const int64_t n = key_count(ranges.data(), nr);
+      for (int64_t g = 0; g < d.G; ++g) {
+        const size_t at = static_cast<size_t>(g * d.D);
+        load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, &q[at]);
+        for (int64_t c = 0; c < d.D; ++c) q[at + static_cast<size_t>(c)] *= pr.scale;
+        load_row(pr.dtype, params.dout.data, offset(params.dout, b, h0 + g, i), d.D, &dout[at]);
+        load_row(pr.dtype, params.out.data, offset(params.out, b, h0 + g, i), d.D, &out[at]);
+        delta[static_cast<size_t>(g)] = dot(&out[at], &dout[at], d.D);
+      }
+      // P from the forward statistics, then dA = P * (dO . v - Delta) in place of dP.
+      group_dots(d, b, h0, q.data(), k, ranges.data(), nr, prob.data(), n);
+      group_dots(d, b, h0, dout.data(), v, ranges.data(), nr, dprob.data(), n);
+      for (int64_t g = 0; g < d.G; ++g) {
+        const float lse = params.lse[(b * d.H + h0 + g) * d.S + i],
+                    dl = delta[static_cast<size_t>(g)];
+        float* pg = &prob[static_cast<size_t>(g * n)];
+        float* dg = &dprob[static_cast<size_t>(g * n)];
+        for (int64_t x = 0; x < n; ++x) {
+          pg[x] = std::exp(pg[x] - lse);
+          dg[x] = pg[x] * (dg[x] - dl);
+        }
+      }
+      std::fill(dq.begin(), dq.end(), 0.f);
+      group_axpy(d, b, h0, dprob.data(), k, ranges.data(), nr, n, dq.data());
+      for (int64_t g = 0; g < d.G; ++g)
+        store_row(pr.dtype, params.dq.data, offset(params.dq, b, h0 + g, i),
+                  &dq[static_cast<size_t>(g * d.D)], d.D, pr.scale);
+      // q is pre-scaled, so dk = scale * sum dA q needs no extra factor.
+      group_scatter(d, b, h0, dprob.data(), q.data(), ranges.data(), nr, n, dk_acc[tid].data());
+      group_scatter(d, b, h0, prob.data(), dout.data(), ranges.data(), nr, n, dv_acc[tid].data());
+
+      std::fill(dqp.begin(), dqp.end(), 0.f);
+      if (kl_weight != 0.f) {
+        const int64_t pk = d.proxy_key_head(p);
+        std::fill(teacher.begin(), teacher.begin() + n, 0.f);
+        for (int64_t g = 0; g < d.G; ++g)
+          for (int64_t x = 0; x < n; ++x)
+            teacher[static_cast<size_t>(x)] += prob[static_cast<size_t>(g * n + x)];
+        load_row(pr.dtype, params.qp.data, offset(params.qp, b, p, i), d.Dp, qp.data());
+        for (int64_t c = 0; c < d.Dp; ++c) qp[static_cast<size_t>(c)] *= pr.proxy_scale;
+        proxy_dots(d, b, pk, qp.data(), kp, ranges.data(), nr, grad.data());
+        const float lse_proxy = params.lse_proxy[r], inv_g = 1.f / static_cast<float>(d.G);
+        for (int64_t x = 0; x < n; ++x) {
+          const size_t at = static_cast<size_t>(x);
+          grad[at] = kl_weight * (std::exp(grad[at] - lse_proxy) - teacher[at] * inv_g);
+        }
+        for_each_key_tile(ranges.data(), nr, [&](int64_t j, int64_t len, int64_t x) {
+          axpy(dqp.data(), &grad[static_cast<size_t>(x)], 1, kp.row(b, pk, j), len, d.Dp);
+        });
+        float* dkp_base = &dkp_acc[tid][static_cast<size_t>((b * d.Hpk + pk) * d.S * d.Dp)];
+        int64_t x = 0;
+        for (int64_t rr = 0; rr < nr; ++rr)
+          for (int64_t j = ranges[rr].begin; j < ranges[rr].end; ++j, ++x)
+            axpy(dkp_base + j * d.Dp, &grad[static_cast<size_t>(x)], 1, qp.data(), 1, d.Dp);
+      }
+      store_row(pr.dtype, params.dqp.data, offset(params.dqp, b, p, i), dqp.data(), d.Dp,
+                pr.proxy_scale);
+    }
+  }
+  reduce_store(pr.dtype, dk_acc, params.dk, d.B, d.Hk, d.S, d.D);
+  reduce_store(pr.dtype, dv_acc, params.dv, d.B, d.Hk, d.S, d.D);
+  reduce_store(pr.dtype, dkp_acc, params.dkp, d.B, d.Hpk, d.S, d.Dp);
+}
+
+}  // namespace
+
+void sparse_backward(const BackwardParams& params) { backward(params, false); }
+void warmup_backward(const BackwardParams& params) { backward(params, true); }
+
+}  // namespace flash_msa::cpu

@@ -1,0 +1,92 @@
+// Forward of both modes (SPEC sections 2, 3, 5), one (b, proxy head, query) row at a time:
+// main attention for the G heads of the group over the attended keys T(p, i), the teacher t,
+// the proxy log-sum-exp over the same keys and the row's KL term. Scratch is O(G * |T|) per
+// thread, so sparse mode is linear in S and warmup never holds an S x S buffer.
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "common/documents.h"
+#include "cpu/attention.h"
+#include "cpu/kernels.h"
+#include "cpu/tensor.h"
+#include "flash_msa/cpu.h"
+
+namespace flash_msa::cpu {
+namespace {
+
+void forward(const ForwardParams& params, bool warmup) {
+  validate(params, warmup);
+  const Problem& pr = params.problem;
+  validate_host_values(pr, params.indices, warmup);
+  const Dims d(pr);
+  const std::vector<int32_t> starts = document_starts(pr, pr.cu_seqlens);
+  const Packed kp(pr.dtype, params.kp, d.B, d.Hpk, d.S, d.Dp);
+  const Packed k(pr.dtype, params.k, d.B, d.Hk, d.S, d.D);
+  const Packed v(pr.dtype, params.v, d.B, d.Hk, d.S, d.D);
+  const int64_t max_keys = max_attended(d, warmup);
+  // Per-row KL terms, summed in row order afterwards so the value does not depend on threads.
+  std::vector<double> kl_rows(params.kl ? static_cast<size_t>(d.rows()) : 0);
+
+#pragma omp parallel
+  {
+    const size_t head_rows = static_cast<size_t>(d.G * d.D);
+    std::vector<float> q(head_rows), o(head_rows), qp(static_cast<size_t>(d.Dp));
+    std::vector<float> a(static_cast<size_t>(d.G * max_keys));
+    std::vector<float> teacher(static_cast<size_t>(max_keys)), s(teacher.size());
+    std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
+#pragma omp for schedule(dynamic, kRowChunk)
+    for (int64_t r = 0; r < d.rows(); ++r) {
+      const int64_t b = r / (d.Hp * d.S), p = r / d.S % d.Hp, i = r % d.S, h0 = p * d.G;
+      const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
+      const int64_t nr =
+          attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + i)], i, ranges.data());
+      const int64_t n = key_count(ranges.data(), nr);
+      for (int64_t g = 0; g < d.G; ++g) {
+        float* qg = &q[static_cast<size_t>(g * d.D)];
+        load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, qg);
+        for (int64_t c = 0; c < d.D; ++c) qg[c] *= pr.scale;
+      }
+      group_dots(d, b, h0, q.data(), k, ranges.data(), nr, a.data(), n);
+      std::fill(teacher.begin(), teacher.begin() + n, 0.f);
+      for (int64_t g = 0; g < d.G; ++g) {
+        float* pg = &a[static_cast<size_t>(g * n)];
+        params.lse[(b * d.H + h0 + g) * d.S + i] = softmax(pg, n);
+        for (int64_t x = 0; x < n; ++x) teacher[static_cast<size_t>(x)] += pg[x];
+      }
+      std::fill(o.begin(), o.end(), 0.f);
+      group_axpy(d, b, h0, a.data(), v, ranges.data(), nr, n, o.data());
+      for (int64_t g = 0; g < d.G; ++g)
+        store_row(pr.dtype, params.out.data, offset(params.out, b, h0 + g, i),
+                  &o[static_cast<size_t>(g * d.D)], d.D);
+
+      load_row(pr.dtype, params.qp.data, offset(params.qp, b, p, i), d.Dp, qp.data());
+      for (int64_t c = 0; c < d.Dp; ++c) qp[static_cast<size_t>(c)] *= pr.proxy_scale;
+      proxy_dots(d, b, d.proxy_key_head(p), qp.data(), kp, ranges.data(), nr, s.data());
+      float mx = -INFINITY;
+      for (int64_t x = 0; x < n; ++x) mx = std::max(mx, s[static_cast<size_t>(x)]);
+      double sum = 0;
+      for (int64_t x = 0; x < n; ++x) sum += std::exp(s[static_cast<size_t>(x)] - mx);
+      const double lse_proxy = mx + std::log(sum);
+      params.lse_proxy[r] = static_cast<float>(lse_proxy);
+      if (params.kl) {
+        double kl = 0;
+        for (int64_t x = 0; x < n; ++x) {
+          const double t = teacher[static_cast<size_t>(x)] / static_cast<double>(d.G);
+          if (t > 0) kl += t * (std::log(t) - (s[static_cast<size_t>(x)] - lse_proxy));
+        }
+        kl_rows[static_cast<size_t>(r)] = kl;
+      }
+    }
+  }
+  if (params.kl)
+    *params.kl = static_cast<float>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
+                                    static_cast<double>(d.rows()));
+}
+
+}  // namespace
+
+void sparse_forward(const ForwardParams& params) { forward(params, false); }
+void warmup_forward(const ForwardParams& params) { forward(params, true); }
+
+}  // namespace flash_msa::cpu

@@ -1,0 +1,197 @@
+// Inner loops of the CPU backend, written so that the compiler vectorises them over channels
+// (OpenMP simd), and the attended key set of one query as ranges of contiguous keys.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cpu/tensor.h"
+#include "flash_msa/msa.h"
+
+namespace flash_msa::cpu {
+
+// Keys per tile in the per-query loops: a tile of key rows stays in L1 while every head of the
+// proxy group reads it.
+inline constexpr int64_t kKeyTile = 32;
+
+// Consecutive query rows per OpenMP scheduling chunk: neighbours mostly select the same blocks,
+// so their keys are still in cache.
+inline constexpr int64_t kRowChunk = 16;
+
+// out_r[x] = <row_r, keys[x]> for two rows (r = 0, 1) and n contiguous key rows of `dim` floats.
+// A 2 x 4 tile of dot products per pass: six loads feed eight multiply-adds.
+inline void dots2(const float* __restrict row0, const float* __restrict row1,
+                  const float* __restrict keys, int64_t n, int64_t dim, float* __restrict out0,
+                  float* __restrict out1) {
+  int64_t x = 0;
+  for (; x + 4 <= n; x += 4) {
+    const float* k0 = keys + x * dim;
+    const float* k1 = k0 + dim;
+    const float* k2 = k1 + dim;
+    const float* k3 = k2 + dim;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, b0 = 0.f, b1 = 0.f, b2 = 0.f, b3 = 0.f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
+    for (int64_t c = 0; c < dim; ++c) {
+      a0 += row0[c] * k0[c];
+      a1 += row0[c] * k1[c];
+      a2 += row0[c] * k2[c];
+      a3 += row0[c] * k3[c];
+      b0 += row1[c] * k0[c];
+      b1 += row1[c] * k1[c];
+      b2 += row1[c] * k2[c];
+      b3 += row1[c] * k3[c];
+    }
+    out0[x] = a0, out0[x + 1] = a1, out0[x + 2] = a2, out0[x + 3] = a3;
+    out1[x] = b0, out1[x + 1] = b1, out1[x + 2] = b2, out1[x + 3] = b3;
+  }
+  for (; x < n; ++x) {
+    const float* k0 = keys + x * dim;
+    float a0 = 0.f, b0 = 0.f;
+#pragma omp simd reduction(+ : a0, b0)
+    for (int64_t c = 0; c < dim; ++c) {
+      a0 += row0[c] * k0[c];
+      b0 += row1[c] * k0[c];
+    }
+    out0[x] = a0;
+    out1[x] = b0;
+  }
+}
+
+// out[x] = <row, keys[x]> for n contiguous key rows of `dim` floats.
+inline void dots(const float* __restrict row, const float* __restrict keys, int64_t n, int64_t dim,
+                 float* __restrict out) {
+  int64_t x = 0;
+  for (; x + 4 <= n; x += 4) {
+    const float* k0 = keys + x * dim;
+    const float* k1 = k0 + dim;
+    const float* k2 = k1 + dim;
+    const float* k3 = k2 + dim;
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t c = 0; c < dim; ++c) {
+      s0 += row[c] * k0[c];
+      s1 += row[c] * k1[c];
+      s2 += row[c] * k2[c];
+      s3 += row[c] * k3[c];
+    }
+    out[x] = s0, out[x + 1] = s1, out[x + 2] = s2, out[x + 3] = s3;
+  }
+  for (; x < n; ++x) {
+    const float* k0 = keys + x * dim;
+    float s0 = 0.f;
+#pragma omp simd reduction(+ : s0)
+    for (int64_t c = 0; c < dim; ++c) s0 += row[c] * k0[c];
+    out[x] = s0;
+  }
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t dim) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < dim; ++c) s += a[c] * b[c];
+  return s;
+}
+
+// acc_a[c] += sum_r coef_a[r * coef_stride] * rows[r * dim + c] for two accumulators (a = 0, 1)
+// sharing the rows: four rows per pass, so eight loads and stores feed eight multiply-adds.
+// acc1 may be null (a lone accumulator).
+inline void axpy2(float* __restrict acc0, float* __restrict acc1, const float* coef0,
+                  const float* coef1, int64_t coef_stride, const float* __restrict rows, int64_t n,
+                  int64_t dim) {
+  int64_t r = 0;
+  for (; r + 4 <= n; r += 4) {
+    const float* r0 = rows + r * dim;
+    const float* r1 = r0 + dim;
+    const float* r2 = r1 + dim;
+    const float* r3 = r2 + dim;
+    const float a0 = coef0[r * coef_stride], a1 = coef0[(r + 1) * coef_stride];
+    const float a2 = coef0[(r + 2) * coef_stride], a3 = coef0[(r + 3) * coef_stride];
+    if (acc1 == nullptr) {
+#pragma omp simd
+      for (int64_t c = 0; c < dim; ++c)
+        acc0[c] += a0 * r0[c] + a1 * r1[c] + a2 * r2[c] + a3 * r3[c];
+      continue;
+    }
+    const float b0 = coef1[r * coef_stride], b1 = coef1[(r + 1) * coef_stride];
+    const float b2 = coef1[(r + 2) * coef_stride], b3 = coef1[(r + 3) * coef_stride];
+#pragma omp simd
+    for (int64_t c = 0; c < dim; ++c) {
+      acc0[c] += a0 * r0[c] + a1 * r1[c] + a2 * r2[c] + a3 * r3[c];
+      acc1[c] += b0 * r0[c] + b1 * r1[c] + b2 * r2[c] + b3 * r3[c];
+    }
+  }
+  for (; r < n; ++r) {
+    const float* r0 = rows + r * dim;
+    const float a0 = coef0[r * coef_stride];
+#pragma omp simd
+    for (int64_t c = 0; c < dim; ++c) acc0[c] += a0 * r0[c];
+    if (acc1 == nullptr) continue;
+    const float b0 = coef1[r * coef_stride];
+#pragma omp simd
+    for (int64_t c = 0; c < dim; ++c) acc1[c] += b0 * r0[c];
+  }
+}
+
+// acc[c] += sum_r coef[r * coef_stride] * rows[r * dim + c].
+inline void axpy(float* acc, const float* coef, int64_t coef_stride, const float* rows, int64_t n,
+                 int64_t dim) {
+  axpy2(acc, nullptr, coef, nullptr, coef_stride, rows, n, dim);
+}
+
+// Keys [begin, end) of one batch row.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+};
+
+// The attended keys T(p, i) of query i whose document starts at `start`: the visible keys of the
+// selected blocks (indices row of K entries, -1 padded) or, in warmup (row null), all visible
+// keys. Writes the ranges to `out` (room for K) and returns how many.
+inline int64_t attended_ranges(const int32_t* row, int64_t top_k, int64_t start, int64_t i,
+                               KeyRange* out) {
+  if (row == nullptr) {
+    out[0] = {start, i + 1};
+    return 1;
+  }
+  int64_t n = 0;
+  for (int64_t x = 0; x < top_k && row[x] >= 0; ++x)
+    out[n++] = {std::max<int64_t>(row[x] * kBlockSize, start),
+                std::min<int64_t>((row[x] + 1) * kBlockSize, i + 1)};
+  return n;
+}
+
+inline int64_t key_count(const KeyRange* ranges, int64_t n) {
+  int64_t count = 0;
+  for (int64_t r = 0; r < n; ++r) count += ranges[r].end - ranges[r].begin;
+  return count;
+}
+
+// Calls f(first key, key count, position of the first key in the attended list) for each tile of
+// at most kKeyTile contiguous attended keys.
+template <class F>
+void for_each_key_tile(const KeyRange* ranges, int64_t n, F&& f) {
+  int64_t x = 0;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = ranges[r].begin; j < ranges[r].end; j += kKeyTile) {
+      const int64_t len = std::min(kKeyTile, ranges[r].end - j);
+      f(j, len, x);
+      x += len;
+    }
+}
+
+// In place: a[0..n) -> softmax(a); returns log sum exp(a).
+inline float softmax(float* a, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t x = 0; x < n; ++x) mx = std::max(mx, a[x]);
+  float sum = 0.f;
+  for (int64_t x = 0; x < n; ++x) {
+    a[x] = std::exp(a[x] - mx);
+    sum += a[x];
+  }
+  const float inv = 1.f / sum;
+#pragma omp simd
+  for (int64_t x = 0; x < n; ++x) a[x] *= inv;
+  return mx + std::log(sum);
+}
+
+}  // namespace flash_msa::cpu

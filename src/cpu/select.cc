@@ -1,0 +1,63 @@
+// Proxy selection (SPEC section 1): per (b, p, i), the max proxy score of every visible block
+// before the own block, then the top K - 1 of them plus the own block, ascending, -1 padded.
+// Memory is linear in S: one query row and its block scores per thread.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "common/documents.h"
+#include "cpu/kernels.h"
+#include "cpu/tensor.h"
+#include "flash_msa/cpu.h"
+
+namespace flash_msa::cpu {
+
+void select(const SelectParams& params) {
+  validate(params);
+  const Problem& pr = params.problem;
+  validate_cu_seqlens_values(pr, pr.cu_seqlens);
+  const std::vector<int32_t> starts = document_starts(pr, pr.cu_seqlens);
+  const int64_t B = pr.batch, S = pr.seqlen, Hp = pr.proxy_heads, Dp = pr.proxy_head_dim;
+  const int64_t K = pr.top_k, num_blocks = (S + kBlockSize - 1) / kBlockSize;
+  const Packed kp(pr.dtype, params.kp, B, pr.proxy_kv_heads, S, Dp);
+  const int64_t proxy_group = Hp / pr.proxy_kv_heads;
+
+#pragma omp parallel
+  {
+    std::vector<float> qp(static_cast<size_t>(Dp)), scores(kBlockSize);
+    std::vector<std::pair<float, int32_t>> candidates(static_cast<size_t>(num_blocks));
+    std::vector<int32_t> chosen(static_cast<size_t>(K));
+    // Query cost grows with i, so rows are handed out dynamically; results do not depend on it.
+#pragma omp for schedule(dynamic, kRowChunk)
+    for (int64_t r = 0; r < B * Hp * S; ++r) {
+      const int64_t b = r / (Hp * S), p = r / S % Hp, i = r % S;
+      const int64_t start = starts[static_cast<size_t>(b * S + i)], own = i / kBlockSize;
+      load_row(pr.dtype, params.qp.data, offset(params.qp, b, p, i), Dp, qp.data());
+      // Scores are ranked unscaled: proxy_scale > 0 preserves the order and skips a rounding.
+      int64_t count = 0;
+      for (int64_t n = start / kBlockSize; n < own; ++n) {
+        const int64_t j0 = std::max(n * kBlockSize, start), len = (n + 1) * kBlockSize - j0;
+        dots(qp.data(), kp.row(b, p / proxy_group, j0), len, Dp, scores.data());
+        const float best = *std::max_element(scores.begin(), scores.begin() + len);
+        if (!std::isnan(best))
+          candidates[static_cast<size_t>(count++)] = {best, static_cast<int32_t>(n)};
+      }
+      // Higher score first; on equal scores the lower block index wins.
+      const int64_t take = std::min(count, K - 1);
+      std::partial_sort(candidates.begin(), candidates.begin() + take, candidates.begin() + count,
+                        [](const auto& x, const auto& y) {
+                          return x.first > y.first || (x.first == y.first && x.second < y.second);
+                        });
+      for (int64_t x = 0; x < take; ++x)
+        chosen[static_cast<size_t>(x)] = candidates[static_cast<size_t>(x)].second;
+      std::sort(chosen.begin(), chosen.begin() + take);
+      int32_t* out = params.indices + r * K;
+      std::copy(chosen.begin(), chosen.begin() + take, out);
+      out[take] = static_cast<int32_t>(own);
+      std::fill(out + take + 1, out + K, -1);
+    }
+  }
+}
+
+}  // namespace flash_msa::cpu

@@ -1,0 +1,41 @@
+// Dispatch of the main-attention entries (forward and backward) on dtype and (D, Dp) to the
+// kernels instantiated for them: the pairs supported_attention_dims accepts (limits.h), which the
+// caller has checked.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flash_msa/msa.h"
+
+namespace flash_msa::cuda {
+
+// Calls launch.template operator()<T, kD, kDp>() for the element type of `dtype` (bf16 or fp16)
+// and the instantiated (kD, kDp) equal to (d, dp).
+template <class Launch>
+void dispatch_attention(DType dtype, int64_t d, int64_t dp, const Launch& launch) {
+  auto dims = [&]<class T>() {
+    if (d == 32) {
+      launch.template operator()<T, 32, 32>();
+    } else if (d == 64) {
+      if (dp == 32)
+        launch.template operator()<T, 64, 32>();
+      else
+        launch.template operator()<T, 64, 64>();
+    } else {
+      if (dp == 64)
+        launch.template operator()<T, 128, 64>();
+      else
+        launch.template operator()<T, 128, 128>();
+    }
+  };
+  if (dtype == DType::kBFloat16) {
+    dims.template operator()<__nv_bfloat16>();
+  } else {
+    dims.template operator()<__half>();
+  }
+}
+
+}  // namespace flash_msa::cuda

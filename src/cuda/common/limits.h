@@ -1,0 +1,89 @@
+// Host-side limits of the CUDA backend shared by the select, forward and backward entries: what
+// the kernels need beyond the backend-independent validate(). Each stage keeps the checks that
+// are its own (select's top-K bound, the attention views) in its entry file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "flash_msa/msa.h"
+
+namespace flash_msa::cuda {
+
+inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+[[noreturn]] inline void limit_error(const char* argument, const std::string& expected,
+                                     const std::string& got) {
+  throw Error(std::string("flash_msa: ") + argument + ": expected " + expected +
+              " (a limit of the CUDA backend), got " + got);
+}
+
+// Rows are read and written with 16-byte vector copies (and 4-byte fragment accesses in the
+// attention kernels).
+template <class T>
+void check_vector_view(const char* name, const View4<T>& view) {
+  const auto address = reinterpret_cast<uintptr_t>(view.data);
+  if (address % 16 != 0)
+    limit_error(name, "a 16-byte aligned data pointer",
+                "address " + std::to_string(address) + " (" + std::to_string(address % 16) +
+                    " bytes past 16)");
+  const char* const what[3] = {"stride_b", "stride_h", "stride_s"};
+  const int64_t stride[3] = {view.stride_b, view.stride_h, view.stride_s};
+  for (int x = 0; x < 3; ++x) {
+    if (stride[x] % 8 != 0)
+      limit_error(name, std::string(what[x]) + " a multiple of 8 elements (16 bytes)",
+                  std::to_string(stride[x]));
+  }
+}
+
+inline void check_dtype(const Problem& pr) {
+  if (pr.dtype != DType::kBFloat16 && pr.dtype != DType::kFloat16)
+    limit_error("dtype", "bf16 or fp16", dtype_name(pr.dtype));
+}
+
+// Token offsets (b * S + i, plus one block of slack) are int32 in the kernels.
+inline void check_token_count(const Problem& pr) {
+  if (pr.batch * pr.seqlen > kInt32Max - kBlockSize)
+    limit_error("seqlen", "batch * seqlen below 2^31 - 128",
+                std::to_string(pr.batch) + " * " + std::to_string(pr.seqlen));
+}
+
+// The (D, Dp) pairs the forward and backward kernels are instantiated for.
+inline bool supported_attention_dims(int64_t d, int64_t dp) {
+  return (d == 32 && dp == 32) || (d == 64 && (dp == 32 || dp == 64)) ||
+         (d == 128 && (dp == 64 || dp == 128));
+}
+
+// Limits shared by the main-attention forward and backward, whose kernels hold the G main heads
+// of one proxy head in one MMA tile of max_group rows and launch a (blocks, Hp, B) grid.
+inline void check_attention_limits(const Problem& pr, int64_t max_group) {
+  check_dtype(pr);
+  if (!supported_attention_dims(pr.head_dim, pr.proxy_head_dim))
+    limit_error("head_dim",
+                "(head_dim, proxy_head_dim) in {(32, 32), (64, 32), (64, 64), (128, 64), "
+                "(128, 128)}",
+                "(" + std::to_string(pr.head_dim) + ", " + std::to_string(pr.proxy_head_dim) + ")");
+  const int64_t group = pr.heads / pr.proxy_heads;
+  if (group > max_group)
+    limit_error("heads", "heads / proxy_heads <= " + std::to_string(max_group),
+                std::to_string(group));
+  if (pr.proxy_heads % pr.kv_heads != 0)
+    limit_error("proxy_heads", "a multiple of kv_heads (each proxy group inside one kv group)",
+                std::to_string(pr.proxy_heads) + " with kv_heads " + std::to_string(pr.kv_heads));
+  check_token_count(pr);
+  if (pr.batch > 65535 || pr.proxy_heads > 65535)
+    limit_error("batch", "batch and proxy_heads at most 65535 (grid dimensions)",
+                std::to_string(pr.batch) + ", " + std::to_string(pr.proxy_heads));
+  if (pr.top_k > kInt32Max / 2) limit_error("top_k", "below 2^30", std::to_string(pr.top_k));
+}
+
+// sizing_function names the public call that returns the size the caller should have asked for.
+inline void check_workspace_bytes(size_t got, size_t needed, const char* sizing_function) {
+  if (got < needed)
+    throw Error("flash_msa: workspace: expected at least " + std::to_string(needed) + " bytes (" +
+                sizing_function + "), got " + std::to_string(got));
+}
+
+}  // namespace flash_msa::cuda

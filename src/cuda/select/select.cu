@@ -1,0 +1,86 @@
+// Host entry of the proxy select stage (SPEC section 1): validation, the CUDA backend's own
+// limits, and dispatch on dtype and proxy head dim to the portable sm80 kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/limits.h"
+#include "cuda/select/sm80/select_sm80.h"
+#include "flash_msa/cuda.h"
+
+namespace flash_msa::cuda {
+namespace {
+
+void check_limits(const SelectParams& params) {
+  const Problem& pr = params.problem;
+  check_dtype(pr);
+  if (pr.proxy_head_dim != 32 && pr.proxy_head_dim != 64 && pr.proxy_head_dim != 128)
+    limit_error("proxy_head_dim", "32, 64 or 128", std::to_string(pr.proxy_head_dim));
+  if (pr.top_k > sm80::kMaxTopK)
+    limit_error("top_k", "at most " + std::to_string(sm80::kMaxTopK) + " blocks",
+                std::to_string(pr.top_k));
+  check_token_count(pr);
+  const int64_t tiles = (pr.seqlen + kBlockSize - 1) / kBlockSize;
+  if (tiles * pr.batch * pr.proxy_heads > kInt32Max)
+    limit_error("proxy_heads", "batch * proxy_heads * ceil(seqlen / 128) below 2^31",
+                std::to_string(tiles * pr.batch * pr.proxy_heads));
+  check_vector_view("qp", params.qp);
+  check_vector_view("kp", params.kp);
+}
+
+template <class T>
+void dispatch_dp(const sm80::SelectKernelParams& kp, int64_t dp, cudaStream_t stream) {
+  switch (dp) {
+    case 32:
+      sm80::launch_select<T, 32>(kp, stream);
+      break;
+    case 64:
+      sm80::launch_select<T, 64>(kp, stream);
+      break;
+    default:
+      sm80::launch_select<T, 128>(kp, stream);
+      break;
+  }
+}
+
+}  // namespace
+
+size_t select_workspace_bytes(const SelectParams& params) {
+  validate(params);
+  return 0;  // the top-K lists live in shared memory
+}
+
+void select(const SelectParams& params, Workspace workspace, cudaStream_t stream) {
+  validate(params);
+  check_limits(params);
+  const Problem& pr = params.problem;
+  const sm80::SelectKernelParams kp{
+      .qp = params.qp.data,
+      .qp_stride_b = params.qp.stride_b,
+      .qp_stride_h = params.qp.stride_h,
+      .qp_stride_s = params.qp.stride_s,
+      .kp = params.kp.data,
+      .kp_stride_b = params.kp.stride_b,
+      .kp_stride_h = params.kp.stride_h,
+      .kp_stride_s = params.kp.stride_s,
+      .indices = params.indices,
+      .cu_seqlens = pr.cu_seqlens,
+      .num_docs = static_cast<int>(pr.num_docs),
+      .batch = static_cast<int>(pr.batch),
+      .seqlen = static_cast<int>(pr.seqlen),
+      .proxy_heads = static_cast<int>(pr.proxy_heads),
+      .proxy_group = static_cast<int>(pr.proxy_heads / pr.proxy_kv_heads),
+      .top_k = static_cast<int>(pr.top_k),
+      .num_tiles = static_cast<int>((pr.seqlen + kBlockSize - 1) / kBlockSize),
+      .proxy_scale = pr.proxy_scale,
+  };
+  if (pr.dtype == DType::kBFloat16) {
+    dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, stream);
+  } else {
+    dispatch_dp<__half>(kp, pr.proxy_head_dim, stream);
+  }
+}
+
+}  // namespace flash_msa::cuda

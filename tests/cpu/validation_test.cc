@@ -1,0 +1,526 @@
+// Every documented bad input is rejected with a flash_msa::Error naming the argument, through
+// each of the five CPU entry points where the argument applies.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/expect_error.h"
+#include "common/problem.h"
+
+namespace flash_msa::test {
+namespace {
+
+enum class Op { kSelect, kSparseForward, kWarmupForward, kSparseBackward, kWarmupBackward };
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kSelect:
+      return "select";
+    case Op::kSparseForward:
+      return "sparse_forward";
+    case Op::kWarmupForward:
+      return "warmup_forward";
+    case Op::kSparseBackward:
+      return "sparse_backward";
+    default:
+      return "warmup_backward";
+  }
+}
+constexpr Op kAllOps[] = {Op::kSelect, Op::kSparseForward, Op::kWarmupForward, Op::kSparseBackward,
+                          Op::kWarmupBackward};
+constexpr Op kSparseOps[] = {Op::kSelect, Op::kSparseForward, Op::kSparseBackward};
+
+// Buffers hold 8 heads of every tensor so that mutated head counts still read inside them; the
+// base problem uses B=2, S=200, H=4, Hk=2, Hp=2, Hpk=1, D=16, Dp=8, K=2.
+constexpr int64_t kHeadCapacity = 8;
+constexpr int64_t kBatch = 2, kSeqlen = 200;
+
+class Validation : public ::testing::Test {
+ protected:
+  Validation()
+      : qp_(make(d_.Dp, 1)),
+        kp_(make(d_.Dp, 2)),
+        q_(make(d_.D, 3)),
+        k_(make(d_.D, 4)),
+        v_(make(d_.D, 5)),
+        out_(make(d_.D, 6)),
+        dout_(make(d_.D, 7)),
+        dqp_(make(d_.Dp, 0)),
+        dkp_(make(d_.Dp, 0)),
+        dq_(make(d_.D, 0)),
+        dk_(make(d_.D, 0)),
+        dv_(make(d_.D, 0)) {
+    cfg_.d = d_;
+    lse_.assign(static_cast<size_t>(d_.B * kHeadCapacity * d_.S), 0.f);
+    lse_proxy_.assign(lse_.size(), 0.f);
+    indices_.assign(static_cast<size_t>(d_.B * kHeadCapacity * d_.S * 8), -1);
+    // A valid selection: own block, plus block 0 for queries of block 1.
+    for (int64_t r = 0; r < d_.B * d_.Hp; ++r)
+      for (int64_t i = 0; i < d_.S; ++i) {
+        int32_t* row = &indices_[static_cast<size_t>((r * d_.S + i) * d_.K)];
+        row[0] = 0;
+        row[1] = i >= kBlockSize ? 1 : -1;
+      }
+  }
+
+  static Buffer make(int64_t channels, uint32_t seed) {
+    std::mt19937 rng(seed);
+    const Tensor t = random_tensor(kBatch, kHeadCapacity, kSeqlen, channels, rng);
+    return Buffer::from(t, DType::kFloat32, Layout::kContiguous);
+  }
+
+  Problem problem() const { return cfg_.problem(); }
+
+  SelectParams select_params() { return {problem(), qp_.cview(), kp_.cview(), indices_.data()}; }
+
+  ForwardParams forward_params(bool warmup) {
+    ForwardParams p;
+    p.problem = problem();
+    p.indices = warmup ? nullptr : indices_.data();
+    p.qp = qp_.cview();
+    p.kp = kp_.cview();
+    p.q = q_.cview();
+    p.k = k_.cview();
+    p.v = v_.cview();
+    p.out = out_.mview();
+    p.lse = lse_.data();
+    p.lse_proxy = lse_proxy_.data();
+    p.kl = &kl_;
+    return p;
+  }
+
+  BackwardParams backward_params(bool warmup) {
+    BackwardParams p;
+    p.problem = problem();
+    p.indices = warmup ? nullptr : indices_.data();
+    p.qp = qp_.cview();
+    p.kp = kp_.cview();
+    p.q = q_.cview();
+    p.k = k_.cview();
+    p.v = v_.cview();
+    p.out = out_.cview();
+    p.dout = dout_.cview();
+    p.lse = lse_.data();
+    p.lse_proxy = lse_proxy_.data();
+    p.kl_grad = &w_;
+    p.dqp = dqp_.mview();
+    p.dkp = dkp_.mview();
+    p.dq = dq_.mview();
+    p.dk = dk_.mview();
+    p.dv = dv_.mview();
+    return p;
+  }
+
+  // Runs `op` with its valid params after `mutate` edits the problem.
+  void run(Op op, const std::function<void(Problem&)>& mutate) {
+    switch (op) {
+      case Op::kSelect: {
+        SelectParams p = select_params();
+        mutate(p.problem);
+        cpu::select(p);
+        break;
+      }
+      case Op::kSparseForward:
+      case Op::kWarmupForward: {
+        const bool warmup = op == Op::kWarmupForward;
+        ForwardParams p = forward_params(warmup);
+        mutate(p.problem);
+        warmup ? cpu::warmup_forward(p) : cpu::sparse_forward(p);
+        break;
+      }
+      default: {
+        const bool warmup = op == Op::kWarmupBackward;
+        BackwardParams p = backward_params(warmup);
+        mutate(p.problem);
+        warmup ? cpu::warmup_backward(p) : cpu::sparse_backward(p);
+        break;
+      }
+    }
+  }
+
+  template <class Ops>
+  void expect_problem_error(const Ops& ops, const std::function<void(Problem&)>& mutate,
+                            std::initializer_list<const char*> args) {
+    for (Op op : ops) {
+      SCOPED_TRACE(op_name(op));
+      EXPECT_TRUE(throws_error_naming([&] { run(op, mutate); }, args));
+    }
+  }
+
+  const Dims d_{
+      .B = kBatch, .S = kSeqlen, .H = 4, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 16, .Dp = 8, .K = 2};
+  Config cfg_;
+  Buffer qp_, kp_, q_, k_, v_, out_, dout_, dqp_, dkp_, dq_, dk_, dv_;
+  std::vector<float> lse_, lse_proxy_;
+  std::vector<int32_t> indices_;
+  float kl_ = 0.f, w_ = 0.7f;
+};
+
+// Positive control: the base arguments are valid for every entry point, so each failure below is
+// caused by its one mutation.
+TEST_F(Validation, BaseArgumentsAreAccepted) {
+  for (Op op : kAllOps) {
+    SCOPED_TRACE(op_name(op));
+    EXPECT_MSA_OK(run(op, [](Problem&) {}));
+  }
+}
+
+TEST_F(Validation, TopKIgnoredInWarmup) {
+  for (Op op : {Op::kWarmupForward, Op::kWarmupBackward}) {
+    SCOPED_TRACE(op_name(op));
+    EXPECT_MSA_OK(run(op, [](Problem& p) { p.top_k = 0; }));
+  }
+}
+
+TEST_F(Validation, Batch) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.batch = 0; }, {"batch"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.batch = -1; }, {"batch"});
+}
+TEST_F(Validation, Seqlen) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.seqlen = 0; }, {"seqlen"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.seqlen = -200; }, {"seqlen"});
+}
+TEST_F(Validation, Heads) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.heads = 0; }, {"heads"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.heads = -4; }, {"heads"});
+}
+TEST_F(Validation, KvHeads) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.kv_heads = 0; }, {"kv_heads"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.kv_heads = -2; }, {"kv_heads"});
+}
+TEST_F(Validation, ProxyHeads) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_heads = 0; }, {"proxy_heads"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_heads = -2; }, {"proxy_heads"});
+}
+TEST_F(Validation, ProxyKvHeads) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_kv_heads = 0; }, {"proxy_kv_heads"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_kv_heads = -1; }, {"proxy_kv_heads"});
+}
+TEST_F(Validation, HeadDim) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.head_dim = 0; }, {"head_dim"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.head_dim = -16; }, {"head_dim"});
+}
+TEST_F(Validation, ProxyHeadDim) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_head_dim = 0; }, {"proxy_head_dim"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_head_dim = -8; }, {"proxy_head_dim"});
+}
+
+// The contract does not say which of the two related fields a divisibility error names.
+TEST_F(Validation, HeadsNotMultipleOfKvHeads) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.kv_heads = 3; }, {"heads", "kv_heads"});
+}
+TEST_F(Validation, HeadsNotMultipleOfProxyHeads) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_heads = 3; }, {"heads", "proxy_heads"});
+}
+TEST_F(Validation, ProxyHeadsNotMultipleOfProxyKvHeads) {
+  expect_problem_error(kAllOps,
+                       [](Problem& p) {
+                         p.proxy_heads = 4;
+                         p.proxy_kv_heads = 3;
+                       },
+                       {"proxy_heads", "proxy_kv_heads"});
+}
+
+TEST_F(Validation, TopK) {
+  expect_problem_error(kSparseOps, [](Problem& p) { p.top_k = 0; }, {"top_k"});
+  expect_problem_error(kSparseOps, [](Problem& p) { p.top_k = -1; }, {"top_k"});
+}
+
+TEST_F(Validation, Scale) {
+  for (float bad :
+       {0.f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(bad);
+    // select does not use the main scale.
+    for (Op op :
+         {Op::kSparseForward, Op::kWarmupForward, Op::kSparseBackward, Op::kWarmupBackward}) {
+      SCOPED_TRACE(op_name(op));
+      EXPECT_TRUE(
+          throws_error_naming([&] { run(op, [&](Problem& p) { p.scale = bad; }); }, {"scale"}));
+    }
+    expect_problem_error(kAllOps, [&](Problem& p) { p.proxy_scale = bad; }, {"proxy_scale"});
+  }
+}
+
+TEST_F(Validation, Dtype) {
+  expect_problem_error(kAllOps, [](Problem& p) { p.dtype = static_cast<DType>(3); }, {"dtype"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.dtype = static_cast<DType>(-1); }, {"dtype"});
+}
+
+// ---- documents ----
+
+TEST_F(Validation, CuSeqlensWithoutDocuments) {
+  static const std::vector<int32_t> cu = {0, 200, 400};
+  expect_problem_error(kAllOps,
+                       [&](Problem& p) {
+                         p.cu_seqlens = cu.data();
+                         p.num_docs = 0;
+                       },
+                       {"num_docs", "cu_seqlens"});
+  expect_problem_error(kAllOps,
+                       [&](Problem& p) {
+                         p.cu_seqlens = cu.data();
+                         p.num_docs = -1;
+                       },
+                       {"num_docs", "cu_seqlens"});
+}
+
+TEST_F(Validation, CuSeqlensValues) {
+  const std::vector<std::pair<const char*, std::vector<int32_t>>> bad = {
+      {"first not 0", {1, 120, 200, 330, 400}},       {"last not B*S", {0, 120, 200, 330, 399}},
+      {"last beyond B*S", {0, 120, 200, 330, 401}},   {"decreasing", {0, 220, 200, 330, 400}},
+      {"missing the multiple S", {0, 120, 330, 400}}, {"negative", {0, -5, 200, 330, 400}},
+  };
+  for (const auto& [why, cu] : bad) {
+    SCOPED_TRACE(why);
+    expect_problem_error(kAllOps,
+                         [&](Problem& p) {
+                           p.cu_seqlens = cu.data();
+                           p.num_docs = static_cast<int64_t>(cu.size()) - 1;
+                         },
+                         {"cu_seqlens"});
+    EXPECT_MSA_ERROR(validate_cu_seqlens_values(
+                         [&] {
+                           Problem p = problem();
+                           p.cu_seqlens = cu.data();
+                           p.num_docs = static_cast<int64_t>(cu.size()) - 1;
+                           return p;
+                         }(),
+                         cu.data()),
+                     "cu_seqlens");
+  }
+}
+
+TEST_F(Validation, CuSeqlensWithEmptyDocumentIsValid) {
+  static const std::vector<int32_t> cu = {0, 120, 120, 200, 330, 400};
+  for (Op op : kAllOps) {
+    SCOPED_TRACE(op_name(op));
+    EXPECT_MSA_OK(run(op, [&](Problem& p) {
+      p.cu_seqlens = cu.data();
+      p.num_docs = static_cast<int64_t>(cu.size()) - 1;
+    }));
+  }
+}
+
+// ---- user-supplied indices (sparse forward and backward) ----
+
+TEST_F(Validation, IndicesValues) {
+  struct Bad {
+    const char* why;
+    int64_t query;
+    std::vector<int32_t> row;  // K = 2 entries for (b 1, p 1, query)
+  };
+  const std::vector<Bad> bad = {
+      {"beyond the last block", 150, {1, 7}},
+      {"negative other than -1", 150, {-2, 1}},
+      {"future block", 50, {0, 1}},
+      {"duplicate", 150, {1, 1}},
+      {"descending", 150, {1, 0}},
+      {"-1 before a valid entry", 150, {-1, 1}},
+      {"own block missing", 150, {0, -1}},
+      {"own block missing, all -1", 20, {-1, -1}},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.why);
+    const std::vector<int32_t> saved = indices_;
+    int32_t* row = &indices_[static_cast<size_t>(((1 * d_.Hp + 1) * d_.S + b.query) * d_.K)];
+    row[0] = b.row[0];
+    row[1] = b.row[1];
+    for (Op op : {Op::kSparseForward, Op::kSparseBackward}) {
+      SCOPED_TRACE(op_name(op));
+      EXPECT_TRUE(throws_error_naming([&] { run(op, [](Problem&) {}); }, {"indices"}));
+    }
+    EXPECT_MSA_ERROR(validate_indices_values(problem(), nullptr, indices_.data()), "indices");
+    indices_ = saved;
+  }
+}
+
+// ---- null pointers and strides, per tensor ----
+
+TEST_F(Validation, NullPointersSelect) {
+  {
+    SelectParams p = select_params();
+    p.qp.data = nullptr;
+    EXPECT_MSA_ERROR(cpu::select(p), "qp");
+  }
+  {
+    SelectParams p = select_params();
+    p.kp.data = nullptr;
+    EXPECT_MSA_ERROR(cpu::select(p), "kp");
+  }
+  {
+    SelectParams p = select_params();
+    p.indices = nullptr;
+    EXPECT_MSA_ERROR(cpu::select(p), "indices");
+  }
+}
+
+TEST_F(Validation, NullPointersForward) {
+  using F = std::function<void(ForwardParams&)>;
+  const std::vector<std::pair<const char*, F>> fields = {
+      {"qp", [](ForwardParams& p) { p.qp.data = nullptr; }},
+      {"kp", [](ForwardParams& p) { p.kp.data = nullptr; }},
+      {"q", [](ForwardParams& p) { p.q.data = nullptr; }},
+      {"k", [](ForwardParams& p) { p.k.data = nullptr; }},
+      {"v", [](ForwardParams& p) { p.v.data = nullptr; }},
+      {"out", [](ForwardParams& p) { p.out.data = nullptr; }},
+      {"lse", [](ForwardParams& p) { p.lse = nullptr; }},
+      {"lse_proxy", [](ForwardParams& p) { p.lse_proxy = nullptr; }},
+  };
+  for (bool warmup : {false, true}) {
+    SCOPED_TRACE(warmup ? "warmup" : "sparse");
+    for (const auto& [name, mutate] : fields) {
+      SCOPED_TRACE(name);
+      ForwardParams p = forward_params(warmup);
+      mutate(p);
+      EXPECT_TRUE(throws_error_naming(
+          [&] { warmup ? cpu::warmup_forward(p) : cpu::sparse_forward(p); }, {name}));
+    }
+    ForwardParams p = forward_params(warmup);
+    p.kl = nullptr;  // optional
+    EXPECT_MSA_OK(warmup ? cpu::warmup_forward(p) : cpu::sparse_forward(p));
+  }
+  ForwardParams p = forward_params(false);
+  p.indices = nullptr;
+  EXPECT_MSA_ERROR(cpu::sparse_forward(p), "indices");
+}
+
+TEST_F(Validation, NullPointersBackward) {
+  using F = std::function<void(BackwardParams&)>;
+  const std::vector<std::pair<const char*, F>> fields = {
+      {"qp", [](BackwardParams& p) { p.qp.data = nullptr; }},
+      {"kp", [](BackwardParams& p) { p.kp.data = nullptr; }},
+      {"q", [](BackwardParams& p) { p.q.data = nullptr; }},
+      {"k", [](BackwardParams& p) { p.k.data = nullptr; }},
+      {"v", [](BackwardParams& p) { p.v.data = nullptr; }},
+      {"out", [](BackwardParams& p) { p.out.data = nullptr; }},
+      {"dout", [](BackwardParams& p) { p.dout.data = nullptr; }},
+      {"lse", [](BackwardParams& p) { p.lse = nullptr; }},
+      {"lse_proxy", [](BackwardParams& p) { p.lse_proxy = nullptr; }},
+      {"dqp", [](BackwardParams& p) { p.dqp.data = nullptr; }},
+      {"dkp", [](BackwardParams& p) { p.dkp.data = nullptr; }},
+      {"dq", [](BackwardParams& p) { p.dq.data = nullptr; }},
+      {"dk", [](BackwardParams& p) { p.dk.data = nullptr; }},
+      {"dv", [](BackwardParams& p) { p.dv.data = nullptr; }},
+  };
+  for (bool warmup : {false, true}) {
+    SCOPED_TRACE(warmup ? "warmup" : "sparse");
+    for (const auto& [name, mutate] : fields) {
+      SCOPED_TRACE(name);
+      BackwardParams p = backward_params(warmup);
+      mutate(p);
+      EXPECT_TRUE(throws_error_naming(
+          [&] { warmup ? cpu::warmup_backward(p) : cpu::sparse_backward(p); }, {name}));
+    }
+    BackwardParams p = backward_params(warmup);
+    p.kl_grad = nullptr;  // optional: w = 0
+    EXPECT_MSA_OK(warmup ? cpu::warmup_backward(p) : cpu::sparse_backward(p));
+  }
+  BackwardParams p = backward_params(false);
+  p.indices = nullptr;
+  EXPECT_MSA_ERROR(cpu::sparse_backward(p), "indices");
+}
+
+// For a view, the bad strides: stride_s below the channel count (rows would overlap), and each
+// stride negative.
+template <class V>
+std::vector<std::pair<std::string, V>> bad_strides(const V& good, int64_t channels) {
+  std::vector<std::pair<std::string, V>> r;
+  V v = good;
+  v.stride_s = channels - 1;
+  r.push_back({"stride_s < channels", v});
+  v = good;
+  v.stride_s = -channels;
+  r.push_back({"stride_s negative", v});
+  v = good;
+  v.stride_h = -good.stride_h;
+  r.push_back({"stride_h negative", v});
+  v = good;
+  v.stride_b = -good.stride_b;
+  r.push_back({"stride_b negative", v});
+  return r;
+}
+
+TEST_F(Validation, StridesSelect) {
+  for (const char* name : {"qp", "kp"}) {
+    SelectParams base = select_params();
+    ConstView& view = std::string(name) == "qp" ? base.qp : base.kp;
+    for (const auto& [why, bad] : bad_strides(view, d_.Dp)) {
+      SCOPED_TRACE(std::string(name) + ": " + why);
+      SelectParams p = base;
+      (std::string(name) == "qp" ? p.qp : p.kp) = bad;
+      EXPECT_MSA_ERROR(cpu::select(p), name);
+    }
+  }
+}
+
+TEST_F(Validation, StridesForward) {
+  for (bool warmup : {false, true}) {
+    SCOPED_TRACE(warmup ? "warmup" : "sparse");
+    const ForwardParams base = forward_params(warmup);
+    auto check = [&](const char* name, auto member, int64_t channels) {
+      for (const auto& [why, bad] : bad_strides(base.*member, channels)) {
+        SCOPED_TRACE(std::string(name) + ": " + why);
+        ForwardParams p = base;
+        p.*member = bad;
+        EXPECT_TRUE(throws_error_naming(
+            [&] { warmup ? cpu::warmup_forward(p) : cpu::sparse_forward(p); }, {name}));
+      }
+    };
+    check("qp", &ForwardParams::qp, d_.Dp);
+    check("kp", &ForwardParams::kp, d_.Dp);
+    check("q", &ForwardParams::q, d_.D);
+    check("k", &ForwardParams::k, d_.D);
+    check("v", &ForwardParams::v, d_.D);
+    check("out", &ForwardParams::out, d_.D);
+  }
+}
+
+TEST_F(Validation, StridesBackward) {
+  for (bool warmup : {false, true}) {
+    SCOPED_TRACE(warmup ? "warmup" : "sparse");
+    const BackwardParams base = backward_params(warmup);
+    auto check = [&](const char* name, auto member, int64_t channels) {
+      for (const auto& [why, bad] : bad_strides(base.*member, channels)) {
+        SCOPED_TRACE(std::string(name) + ": " + why);
+        BackwardParams p = base;
+        p.*member = bad;
+        EXPECT_TRUE(throws_error_naming(
+            [&] { warmup ? cpu::warmup_backward(p) : cpu::sparse_backward(p); }, {name}));
+      }
+    };
+    check("qp", &BackwardParams::qp, d_.Dp);
+    check("kp", &BackwardParams::kp, d_.Dp);
+    check("q", &BackwardParams::q, d_.D);
+    check("k", &BackwardParams::k, d_.D);
+    check("v", &BackwardParams::v, d_.D);
+    check("out", &BackwardParams::out, d_.D);
+    check("dout", &BackwardParams::dout, d_.D);
+    check("dqp", &BackwardParams::dqp, d_.Dp);
+    check("dkp", &BackwardParams::dkp, d_.Dp);
+    check("dq", &BackwardParams::dq, d_.D);
+    check("dk", &BackwardParams::dk, d_.D);
+    check("dv", &BackwardParams::dv, d_.D);
+  }
+}
+
+// The public validate() functions reject the same inputs without running anything.
+TEST_F(Validation, ValidateFunctions) {
+  SelectParams s = select_params();
+  EXPECT_MSA_OK(validate(s));
+  s.problem.head_dim = 0;
+  EXPECT_MSA_ERROR(validate(s), "head_dim");
+  ForwardParams f = forward_params(false);
+  EXPECT_MSA_OK(validate(f, false));
+  f.v.data = nullptr;
+  EXPECT_MSA_ERROR(validate(f, false), "v");
+  BackwardParams b = backward_params(true);
+  EXPECT_MSA_OK(validate(b, true));
+  b.dk.stride_s = 3;
+  EXPECT_MSA_ERROR(validate(b, true), "dk");
+}
+
+}  // namespace
+}  // namespace flash_msa::test

@@ -1,0 +1,334 @@
+// CUDA backward, sparse and warmup (SPEC sections 4, 5), against the CPU backend run in fp32 on
+// the same bf16/fp16-rounded inputs, the same indices (cpu::select) and the same forward outputs
+// (cpu::sparse_forward / warmup_forward: out rounded to the dtype, lse, lse_proxy): dq, dk, dv,
+// dqp, dkp; ragged S, B = 2, packed documents, K > number of blocks, G in {1, 2, 4, 16},
+// token-major strided views, poisoned outputs and workspace; bitwise determinism; kl_grad null;
+// and the paper-shape timing (run when FLASH_MSA_BENCH is set).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/problem.h"
+#include "cuda/cuda_test_util.h"
+#include "flash_msa/cpu.h"
+#include "flash_msa/cuda.h"
+
+namespace flash_msa::test {
+namespace {
+
+// The raw 16-bit results, for bitwise comparisons, and their values.
+struct CudaGrads {
+  Grads g;
+  std::vector<std::vector<uint16_t>> bits;
+};
+
+// Runs the CUDA backward with every output and the workspace poisoned (0xFF bytes = NaN) and
+// checks that each output element was written, finite, and nothing outside a view was touched.
+CudaGrads run_cuda_backward(const Config& cfg, const Inputs& in, const Outputs& fwd, bool warmup,
+                            const std::vector<int32_t>& indices, const float* kl_grad) {
+  const Dims& d = cfg.d;
+  const DType dt = cfg.dtype;
+  const Packed qp = pack(in.qp, dt, cfg.layout), kp = pack(in.kp, dt, cfg.layout);
+  const Packed q = pack(in.q, dt, cfg.layout), k = pack(in.k, dt, cfg.layout);
+  const Packed v = pack(in.v, dt, cfg.layout), out = pack(fwd.out, dt, cfg.layout);
+  const Packed dout = pack(in.dout, dt, cfg.layout);
+  std::vector<Packed> grads = {
+      layout_of(d.B, d.Hp, d.S, d.Dp, cfg.layout), layout_of(d.B, d.Hpk, d.S, d.Dp, cfg.layout),
+      layout_of(d.B, d.H, d.S, d.D, cfg.layout), layout_of(d.B, d.Hk, d.S, d.D, cfg.layout),
+      layout_of(d.B, d.Hk, d.S, d.D, cfg.layout)};
+  auto upload = [](const Packed& p) { return DeviceBuffer(p.bits.data(), p.bits.size() * 2); };
+  const DeviceBuffer g_qp = upload(qp), g_kp = upload(kp), g_q = upload(q), g_k = upload(k);
+  const DeviceBuffer g_v = upload(v), g_out = upload(out), g_dout = upload(dout);
+  DeviceBuffer g_dqp = upload(grads[0]), g_dkp = upload(grads[1]), g_dq = upload(grads[2]);
+  DeviceBuffer g_dk = upload(grads[3]), g_dv = upload(grads[4]);
+  const DeviceBuffer g_idx(indices.data(), indices.size() * sizeof(int32_t));
+  const DeviceBuffer g_cu(cfg.cu_seqlens.data(), cfg.cu_seqlens.size() * sizeof(int32_t));
+  const DeviceBuffer g_lse(fwd.lse.data(), fwd.lse.size() * sizeof(float));
+  const DeviceBuffer g_lsep(fwd.lse_proxy.data(), fwd.lse_proxy.size() * sizeof(float));
+  DeviceBuffer g_w(sizeof(float));
+  if (kl_grad) cudaMemcpy(g_w.get(), kl_grad, sizeof(float), cudaMemcpyHostToDevice);
+  BackwardParams params;
+  params.problem = cfg.problem();
+  params.problem.cu_seqlens =
+      cfg.cu_seqlens.empty() ? nullptr : static_cast<const int32_t*>(g_cu.get());
+  params.indices = warmup ? nullptr : static_cast<const int32_t*>(g_idx.get());
+  auto cview = [](const DeviceBuffer& m, const Packed& p) {
+    return ConstView{m.get(), p.stride_b, p.stride_h, p.stride_s};
+  };
+  auto mview = [](DeviceBuffer& m, const Packed& p) {
+    return MutView{m.get(), p.stride_b, p.stride_h, p.stride_s};
+  };
+  params.qp = cview(g_qp, qp);
+  params.kp = cview(g_kp, kp);
+  params.q = cview(g_q, q);
+  params.k = cview(g_k, k);
+  params.v = cview(g_v, v);
+  params.out = cview(g_out, out);
+  params.dout = cview(g_dout, dout);
+  params.lse = static_cast<const float*>(g_lse.get());
+  params.lse_proxy = static_cast<const float*>(g_lsep.get());
+  params.kl_grad = kl_grad ? static_cast<const float*>(g_w.get()) : nullptr;
+  params.dqp = mview(g_dqp, grads[0]);
+  params.dkp = mview(g_dkp, grads[1]);
+  params.dq = mview(g_dq, grads[2]);
+  params.dk = mview(g_dk, grads[3]);
+  params.dv = mview(g_dv, grads[4]);
+  params.deterministic = cfg.deterministic;
+  DeviceBuffer ws(cuda::backward_workspace_bytes(params, warmup));
+  EXPECT_EQ(cudaMemset(ws.get(), 0xff, ws.bytes()), cudaSuccess);
+  if (warmup) {
+    cuda::warmup_backward(params, {ws.get(), ws.bytes()}, nullptr);
+  } else {
+    cuda::sparse_backward(params, {ws.get(), ws.bytes()}, nullptr);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const DeviceBuffer* dev[5] = {&g_dqp, &g_dkp, &g_dq, &g_dk, &g_dv};
+  const char* names[5] = {"dqp", "dkp", "dq", "dk", "dv"};
+  CudaGrads res;
+  Tensor* dst[5] = {&res.g.dqp, &res.g.dkp, &res.g.dq, &res.g.dk, &res.g.dv};
+  for (int t = 0; t < 5; ++t) {
+    cudaMemcpy(grads[t].bits.data(), dev[t]->get(), dev[t]->bytes(), cudaMemcpyDeviceToHost);
+    *dst[t] = unpack(grads[t], dt);
+    EXPECT_EQ(non_finite(dst[t]->v), 0) << names[t] << ": elements unwritten (NaN) or not finite";
+    EXPECT_EQ(padding_written(grads[t]), 0) << names[t] << ": wrote outside the view";
+    res.bits.push_back(grads[t].bits);
+  }
+  return res;
+}
+
+// The CPU forward, with out rounded to the dtype: the CUDA backward reads out in the dtype, so
+// both backends compute Delta = <out, dO> from the same values.
+Outputs reference_forward(const Config& ref_cfg, DType dtype, const Inputs& in, bool warmup,
+                          const std::vector<int32_t>& indices) {
+  Outputs fwd = run_forward(ref_cfg, in, warmup, indices);
+  for (float& x : fwd.out.v) x = round_to(dtype, x);
+  return fwd;
+}
+
+// Tolerances on relative L2 error against the fp32 CPU reference on the same rounded values.
+// The kernel rounds P and dS (and pp - t) to the dtype before the second products, as
+// FlashAttention does, and rounds the results: each rounding is 2^-9 (bf16) or 2^-11 (fp16)
+// relative per element, and a few compound, so 1e-2 for bf16 and 3e-3 for fp16.
+void expect_match(const Grads& got, const Grads& want, DType dtype, bool with_proxy) {
+  const double tol = dtype == DType::kBFloat16 ? 1e-2 : 3e-3;
+  const Tensor* g[5] = {&got.dqp, &got.dkp, &got.dq, &got.dk, &got.dv};
+  const Tensor* w[5] = {&want.dqp, &want.dkp, &want.dq, &want.dk, &want.dv};
+  const char* names[5] = {"dqp", "dkp", "dq", "dk", "dv"};
+  for (int t = with_proxy ? 0 : 2; t < 5; ++t) {
+    const double err = rel_l2(g[t]->v, w[t]->v);
+    EXPECT_LT(err, tol) << names[t] << ": relative L2 error";
+    std::printf("[ bwd ] %s rel L2 %.2e\n", names[t], err);
+  }
+}
+
+class CudaBackward : public CudaTestWithParam<ModeParam> {};
+
+TEST_P(CudaBackward, MatchesCpu) {
+  const auto& [shape, dtype, warmup] = GetParam();
+  const Config cfg = case_config(shape, dtype);
+  const Inputs in = random_inputs(cfg.d, 4321, dtype);
+  const Config ref_cfg = cpu_config(cfg);
+  const std::vector<int32_t> indices = warmup ? std::vector<int32_t>() : run_select(ref_cfg, in);
+  const Outputs fwd = reference_forward(ref_cfg, dtype, in, warmup, indices);
+  // w of order B*Hp*S keeps the proxy gradients of order one, so that relative errors of the
+  // fp16 results are not dominated by subnormals.
+  const float w = 0.75f * static_cast<float>(cfg.d.B * cfg.d.Hp * cfg.d.S);
+  const Grads want = run_backward(ref_cfg, in, fwd, warmup, indices, &w);
+  const CudaGrads got = run_cuda_backward(cfg, in, fwd, warmup, indices, &w);
+  expect_match(got.g, want, dtype, true);
+}
+
+// The forward's shapes, and G = 16 with several proxy and kv heads.
+std::vector<ShapeCase> backward_shapes() {
+  std::vector<ShapeCase> shapes = attention_shapes();
+  shapes.push_back(
+      {"S1100_G16_Hp4_Hk2",
+       {.B = 1, .S = 1100, .H = 64, .Hk = 2, .Hp = 4, .Hpk = 1, .D = 128, .Dp = 128, .K = 4}});
+  return shapes;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackward,
+                         ::testing::Combine(::testing::ValuesIn(backward_shapes()),
+                                            ::testing::Values(DType::kBFloat16, DType::kFloat16),
+                                            ::testing::Bool()),
+                         mode_case_name);
+
+Config determinism_config() {
+  Config cfg;
+  cfg.d = {.B = 2, .S = 900, .H = 16, .Hk = 4, .Hp = 4, .Hpk = 1, .D = 64, .Dp = 64, .K = 3};
+  cfg.dtype = DType::kBFloat16;
+  cfg.cu_seqlens = make_cu_seqlens(cfg.d, {100, 1333});
+  return cfg;
+}
+
+using CudaBackwardDeterminism = CudaTest;
+
+// Deterministic mode: two runs give identical bits for every gradient.
+TEST_F(CudaBackwardDeterminism, BitwiseIdenticalRuns) {
+  for (bool warmup : {false, true}) {
+    Config cfg = determinism_config();
+    cfg.deterministic = true;
+    const Inputs in = random_inputs(cfg.d, 99, cfg.dtype);
+    const Config ref_cfg = cpu_config(cfg);
+    const std::vector<int32_t> indices = warmup ? std::vector<int32_t>() : run_select(ref_cfg, in);
+    const Outputs fwd = reference_forward(ref_cfg, cfg.dtype, in, warmup, indices);
+    const float w = 1.f;
+    const CudaGrads a = run_cuda_backward(cfg, in, fwd, warmup, indices, &w);
+    const CudaGrads b = run_cuda_backward(cfg, in, fwd, warmup, indices, &w);
+    for (size_t t = 0; t < a.bits.size(); ++t)
+      EXPECT_TRUE(a.bits[t] == b.bits[t]) << "gradient " << t << " differs, warmup " << warmup;
+  }
+}
+
+using CudaBackwardKlGrad = CudaTest;
+
+// Without kl_grad (w = 0) the proxy gradients are exactly zero and the main ones unchanged.
+TEST_F(CudaBackwardKlGrad, NullGivesZeroProxyGradients) {
+  Config cfg;
+  cfg.d = {.B = 1, .S = 333, .H = 8, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 64, .Dp = 64, .K = 2};
+  cfg.dtype = DType::kBFloat16;
+  const Inputs in = random_inputs(cfg.d, 77, cfg.dtype);
+  const Config ref_cfg = cpu_config(cfg);
+  const std::vector<int32_t> indices = run_select(ref_cfg, in);
+  const Outputs fwd = reference_forward(ref_cfg, cfg.dtype, in, false, indices);
+  const Grads want = run_backward(ref_cfg, in, fwd, false, indices, nullptr);
+  const CudaGrads got = run_cuda_backward(cfg, in, fwd, false, indices, nullptr);
+  expect_match(got.g, want, cfg.dtype, false);
+  for (const Tensor* t : {&got.g.dqp, &got.g.dkp})
+    EXPECT_EQ(std::count(t->v.begin(), t->v.end(), 0.f), static_cast<long>(t->v.size()));
+}
+
+// Fills a 16-bit buffer with N(0, 1)-like values from a counter hash: the paper-shape inputs
+// are too large to draw on the host quickly.
+__global__ void fill_random(uint16_t* dst, int64_t n, uint32_t seed, float sd) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b9u ^ seed;
+    float acc = 0.f;
+    for (int r = 0; r < 4; ++r) {
+      h ^= h >> 16;
+      h *= 0x7feb352du;
+      h ^= h >> 15;
+      h *= 0x846ca68bu;
+      h ^= h >> 16;
+      acc += static_cast<float>(h) * 2.3283064e-10f;
+    }
+    const float x = (acc - 2.f) * 1.7320508f * sd;  // sum of 4 uniforms: mean 2, variance 1/3
+    const __nv_bfloat16 v = __float2bfloat16_rn(x);
+    dst[i] = *reinterpret_cast<const uint16_t*>(&v);
+  }
+}
+
+__global__ void fill_value(float* dst, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+
+using CudaBackwardPerf = CudaTest;
+
+// The paper shape at S = 32768 (B=1, H=64, Hk=4, Hp=4, Hpk=1, D=Dp=128, K=16, bf16) with the own
+// block plus 15 random earlier distinct blocks per row and synthetic lse (timing needs no exact
+// values). FLOPs counted as 2.5 * 4 * H * D * (sum over queries of attended keys).
+TEST_F(CudaBackwardPerf, PaperShapeS32K) {
+  if (std::getenv("FLASH_MSA_BENCH") == nullptr) GTEST_SKIP() << "set FLASH_MSA_BENCH=1";
+  Config cfg;
+  cfg.d = {.B = 1, .S = 32768, .H = 64, .Hk = 4, .Hp = 4, .Hpk = 1, .D = 128, .Dp = 128, .K = 16};
+  cfg.dtype = DType::kBFloat16;
+  const Dims& d = cfg.d;
+  std::vector<int32_t> indices(cfg.index_count(), -1);
+  std::mt19937 rng(5);
+  double attended = 0;
+  for (int64_t p = 0; p < d.Hp; ++p)
+    for (int64_t i = 0; i < d.S; ++i) {
+      const int own = static_cast<int>(i / kBlockSize);
+      std::vector<int32_t> blocks = {own};
+      if (own <= 15) {
+        for (int n = 0; n < own; ++n) blocks.push_back(n);
+      } else {
+        while (blocks.size() < 16) {
+          const int n = static_cast<int>(rng() % own);
+          if (std::find(blocks.begin(), blocks.end(), n) == blocks.end()) blocks.push_back(n);
+        }
+      }
+      std::sort(blocks.begin(), blocks.end());
+      std::copy(blocks.begin(), blocks.end(), indices.begin() + (p * d.S + i) * d.K);
+      attended += (double(blocks.size() - 1) * kBlockSize + double(i % kBlockSize + 1)) /
+                  double(d.Hp);  // the G heads of a proxy head share its selection
+    }
+  const int64_t n_q = d.B * d.H * d.S * d.D, n_k = d.B * d.Hk * d.S * d.D;
+  const int64_t n_qp = d.B * d.Hp * d.S * d.Dp, n_kp = d.B * d.Hpk * d.S * d.Dp;
+  DeviceBuffer qp(n_qp * 2), kp(n_kp * 2), q(n_q * 2), k(n_k * 2), v(n_k * 2), out(n_q * 2),
+      dout(n_q * 2), dqp(n_qp * 2), dkp(n_kp * 2), dq(n_q * 2), dk(n_k * 2), dv(n_k * 2);
+  DeviceBuffer lse(d.B * d.H * d.S * 4), lsep(d.B * d.Hp * d.S * 4), w(4);
+  DeviceBuffer idx(indices.data(), indices.size() * sizeof(int32_t));
+  uint32_t seed = 1;
+  const std::pair<DeviceBuffer*, int64_t> inputs[] = {
+      {&qp, n_qp}, {&kp, n_kp}, {&q, n_q}, {&k, n_k}, {&v, n_k}, {&out, n_q}, {&dout, n_q}};
+  for (const auto& [buf, n] : inputs)
+    fill_random<<<1024, 256>>>(static_cast<uint16_t*>(buf->get()), n, seed++, 1.f);
+  fill_value<<<256, 256>>>(static_cast<float*>(lse.get()), d.B * d.H * d.S, 8.f);
+  fill_value<<<256, 256>>>(static_cast<float*>(lsep.get()), d.B * d.Hp * d.S, 8.f);
+  fill_value<<<1, 32>>>(static_cast<float*>(w.get()), 1, 1.f);
+  BackwardParams params;
+  params.problem = cfg.problem();
+  params.indices = static_cast<const int32_t*>(idx.get());
+  auto cv = [](const DeviceBuffer& m, int64_t heads, int64_t c) {
+    return contiguous_view<const void>(m.get(), heads, 32768, c);
+  };
+  auto mv = [](DeviceBuffer& m, int64_t heads, int64_t c) {
+    return contiguous_view<void>(m.get(), heads, 32768, c);
+  };
+  params.qp = cv(qp, d.Hp, d.Dp);
+  params.kp = cv(kp, d.Hpk, d.Dp);
+  params.q = cv(q, d.H, d.D);
+  params.k = cv(k, d.Hk, d.D);
+  params.v = cv(v, d.Hk, d.D);
+  params.out = cv(out, d.H, d.D);
+  params.dout = cv(dout, d.H, d.D);
+  params.lse = static_cast<const float*>(lse.get());
+  params.lse_proxy = static_cast<const float*>(lsep.get());
+  params.kl_grad = static_cast<const float*>(w.get());
+  params.dqp = mv(dqp, d.Hp, d.Dp);
+  params.dkp = mv(dkp, d.Hpk, d.Dp);
+  params.dq = mv(dq, d.H, d.D);
+  params.dk = mv(dk, d.Hk, d.D);
+  params.dv = mv(dv, d.Hk, d.D);
+  DeviceBuffer ws(cuda::backward_workspace_bytes(params, false));
+  const double flops = 2.5 * 4.0 * double(d.H) * double(d.D) * attended;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (bool deterministic : {false, true}) {
+    params.deterministic = deterministic;
+    std::vector<float> ms;
+    for (int it = 0; it < 7; ++it) {
+      cudaEventRecord(start);
+      cuda::sparse_backward(params, {ws.get(), ws.bytes()}, nullptr);
+      cudaEventRecord(stop);
+      ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+      float t = 0;
+      cudaEventElapsedTime(&t, start, stop);
+      if (it > 0) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const float med = ms[ms.size() / 2];
+    std::printf("[ perf ] sparse_backward S=32768 deterministic=%d: %.3f ms, %.1f TFLOP/s\n",
+                int(deterministic), med, flops / (med * 1e-3) / 1e12);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+}  // namespace
+}  // namespace flash_msa::test

@@ -1,0 +1,358 @@
+// CUDA proxy select (SPEC section 1) against float64 block scores and the CPU backend: format
+// (ascending, -1 padding, own block), top-K by score, ties, packed documents, strided views,
+// golden cases, the backend's argument limits, and (disabled by default) the paper-shape timing.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/expect_error.h"
+#include "common/problem.h"
+#include "common/reference.h"
+#include "cuda/cuda_test_util.h"
+#include "flash_msa/cuda.h"
+
+namespace flash_msa::test {
+namespace {
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+ConstView device_view(const DeviceMemory& mem, const Packed& p) {
+  return {mem.get(), p.stride_b, p.stride_h, p.stride_s};
+}
+
+// Runs cuda::select with poisoned indices; fails the test if any entry is left unwritten.
+std::vector<int32_t> run_cuda_select(const Config& cfg, const Inputs& in) {
+  const Packed qp = pack(in.qp, cfg.dtype, cfg.layout);
+  const Packed kp = pack(in.kp, cfg.dtype, cfg.layout);
+  DeviceMemory dqp(qp.bits.data(), qp.bits.size() * 2);
+  DeviceMemory dkp(kp.bits.data(), kp.bits.size() * 2);
+  DeviceMemory dcu(cfg.cu_seqlens.data(), cfg.cu_seqlens.size() * sizeof(int32_t));
+  std::vector<int32_t> indices(cfg.index_count(), kIndexPoison);
+  DeviceMemory didx(indices.data(), indices.size() * sizeof(int32_t));
+  Problem pr = cfg.problem();
+  pr.cu_seqlens = cfg.cu_seqlens.empty() ? nullptr : static_cast<const int32_t*>(dcu.get());
+  const SelectParams params{pr, device_view(dqp, qp), device_view(dkp, kp),
+                            static_cast<int32_t*>(didx.get())};
+  DeviceMemory ws(cuda::select_workspace_bytes(params));
+  cuda::select(params, {ws.get(), ws.bytes()}, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(indices.data(), didx.get(), didx.bytes(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  int64_t unwritten = 0;
+  for (int32_t x : indices) unwritten += x == kIndexPoison;
+  EXPECT_EQ(unwritten, 0) << "indices: entries left unwritten";
+  return indices;
+}
+
+int64_t differing_rows(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int64_t k) {
+  int64_t n = 0;
+  for (size_t r = 0; r * k < a.size(); ++r)
+    n += !std::equal(a.begin() + r * k, a.begin() + (r + 1) * k, b.begin() + r * k);
+  return n;
+}
+
+class CudaSelect : public CudaTestWithParam<std::tuple<ShapeCase, DType>> {};
+
+TEST_P(CudaSelect, TopKByScoreMatchesCpu) {
+  const auto& [sc, dtype] = GetParam();
+  const Config cfg = case_config(sc, dtype);
+  const Inputs in = random_inputs(cfg.d, 7 + static_cast<uint32_t>(sc.d.S * sc.d.K), dtype);
+  const std::vector<int32_t> gpu = run_cuda_select(cfg, in);
+  // Products of 16-bit inputs are exact in fp32; the two fp32 sums (tensor cores, CPU) differ
+  // from float64 by ~Dp ulp of |score| <= ~5, i.e. < 1e-4. 1e-3 only excuses near-ties.
+  std::string first;
+  EXPECT_EQ(selection_errors(cfg, in, gpu, 1e-3, &first), 0) << first;
+  Config host = cfg;
+  host.layout = Layout::kContiguous;
+  const std::vector<int32_t> cpu = run_select(host, in);
+  const int64_t rows = cfg.d.B * cfg.d.Hp * cfg.d.S;
+  const int64_t diff = differing_rows(gpu, cpu, cfg.d.K);
+  EXPECT_LE(diff, rows / 100) << "rows whose selection differs from the CPU backend";
+  std::printf("[ select ] %s %s: %lld of %lld rows differ from cpu::select\n", sc.name,
+              dtype_name(dtype), static_cast<long long>(diff), static_cast<long long>(rows));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CudaSelectShapes, CudaSelect,
+    ::testing::Combine(
+        ::testing::Values(
+            ShapeCase{
+                "S1000_Dp128_K4",
+                {.B = 1, .S = 1000, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 4},
+                {}},
+            ShapeCase{
+                "B2_S700_Dp64_Hpk2_K3_token_major",
+                {.B = 2, .S = 700, .H = 4, .Hk = 2, .Hp = 4, .Hpk = 2, .D = 8, .Dp = 64, .K = 3},
+                {},
+                Layout::kTokenMajor},
+            ShapeCase{
+                "K_gt_blocks_Dp32",
+                {.B = 2, .S = 300, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 32, .K = 5},
+                {}},
+            ShapeCase{
+                "S1_B3",
+                {.B = 3, .S = 1, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 64, .K = 2},
+                {}},
+            ShapeCase{
+                "S256_K1",
+                {.B = 1, .S = 256, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 128, .K = 1},
+                {}},
+            ShapeCase{
+                "varlen_straddling",
+                {.B = 2, .S = 600, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 2},
+                {130, 300, 301, 700, 1000}},
+            ShapeCase{
+                "varlen_K_gt_visible",
+                {.B = 1, .S = 640, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 64, .K = 4},
+                {200, 390, 600}},
+            ShapeCase{
+                "varlen_many_docs_token_major",
+                {.B = 2, .S = 2000, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 8},
+                {37, 500, 1290, 2400, 3333, 3334, 3900},
+                Layout::kTokenMajor},
+            ShapeCase{
+                "K64_S8242_Dp32",
+                {.B = 1, .S = 8242, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 32, .K = 64},
+                {}},
+            ShapeCase{
+                "paper_heads_S4096_K16",
+                {.B = 1, .S = 4096, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 16},
+                {}}),
+        ::testing::Values(DType::kBFloat16, DType::kFloat16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).name) + "_" + dtype_name(std::get<1>(info.param));
+    });
+
+using CudaSelectTies = CudaTest;
+
+// Exact ties (identical keys, small-integer values: every dot product is exact in any order):
+// the lower block index wins.
+TEST_F(CudaSelectTies, LowerBlockWins) {
+  Config cfg;
+  cfg.d = {.B = 1, .S = 1000, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 64, .K = 3};
+  cfg.dtype = DType::kBFloat16;
+  Inputs in = random_inputs(cfg.d, 3, cfg.dtype);
+  for (float& x : in.qp.v) x = std::round(x);
+  for (int64_t j = 0; j < cfg.d.S; ++j)
+    for (int64_t c = 0; c < cfg.d.Dp; ++c) in.kp.at(0, 0, j, c) = float(c % 3) - 1.f;
+  const std::vector<int32_t> idx = run_cuda_select(cfg, in);
+  for (int64_t i = 0; i < cfg.d.S; ++i) {
+    const int32_t own = static_cast<int32_t>(i / kBlockSize);
+    std::vector<int32_t> want;
+    for (int32_t n = 0; n < own && static_cast<int64_t>(want.size()) < cfg.d.K - 1; ++n)
+      want.push_back(n);
+    want.push_back(own);
+    while (static_cast<int64_t>(want.size()) < cfg.d.K) want.push_back(-1);
+    const std::vector<int32_t> got(idx.begin() + i * cfg.d.K, idx.begin() + (i + 1) * cfg.d.K);
+    ASSERT_EQ(got, want) << "query " << i;
+  }
+}
+
+// ---- golden cases (float64, independent reference) ----
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+double meta_number(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\"");
+  if (at == std::string::npos) return 0;
+  return std::strtod(json.c_str() + json.find(':', at) + 1, nullptr);
+}
+
+// Reads a little-endian C-order .npy of float32 or int32 (format version 1 or 2).
+template <class T>
+std::vector<T> read_npy(const std::string& path) {
+  const std::string raw = read_text(path);
+  if (raw.size() < 10 || raw.compare(1, 5, "NUMPY") != 0) return {};
+  const bool v1 = raw[6] == 1;
+  const size_t header_len = v1 ? (uint8_t(raw[8]) | uint8_t(raw[9]) << 8)
+                               : (uint8_t(raw[8]) | uint8_t(raw[9]) << 8 | uint8_t(raw[10]) << 16 |
+                                  size_t(uint8_t(raw[11])) << 24);
+  const size_t start = (v1 ? 10 : 12) + header_len;
+  std::vector<T> v((raw.size() - start) / sizeof(T));
+  std::memcpy(v.data(), raw.data() + start, v.size() * sizeof(T));
+  return v;
+}
+
+using CudaSelectGolden = CudaTest;
+
+TEST_F(CudaSelectGolden, AllSparseCases) {
+  const std::string root = FLASH_MSA_GOLDEN_DIR;
+  int ran = 0;
+  for (const char* name :
+       {"case_basic", "case_dp_ne_d", "case_few_blocks", "case_head_dim_128", "case_own_block_only",
+        "case_paper_heads", "case_ragged", "case_varlen"}) {
+    const std::string dir = root + "/" + name + "/";
+    const std::string meta = read_text(dir + "meta.json");
+    if (meta.empty() || meta.find("\"sparse\"") == std::string::npos) continue;
+    SCOPED_TRACE(name);
+    ++ran;
+    Config cfg;
+    cfg.d = {.B = int64_t(meta_number(meta, "B")),
+             .S = int64_t(meta_number(meta, "S")),
+             .H = int64_t(meta_number(meta, "H")),
+             .Hk = int64_t(meta_number(meta, "Hk")),
+             .Hp = int64_t(meta_number(meta, "Hp")),
+             .Hpk = int64_t(meta_number(meta, "Hpk")),
+             .D = int64_t(meta_number(meta, "D")),
+             .Dp = int64_t(meta_number(meta, "Dp")),
+             .K = int64_t(meta_number(meta, "top_k_blocks"))};
+    cfg.dtype = DType::kBFloat16;
+    cfg.scale = float(meta_number(meta, "scale"));
+    cfg.proxy_scale = float(meta_number(meta, "proxy_scale"));
+    if (meta.find("\"varlen\": true") != std::string::npos)
+      cfg.cu_seqlens = read_npy<int32_t>(dir + "cu_seqlens.npy");
+    const Dims& d = cfg.d;
+    Inputs in;
+    in.qp = Tensor(d.B, d.Hp, d.S, d.Dp);
+    in.kp = Tensor(d.B, d.Hpk, d.S, d.Dp);
+    in.qp.v = read_npy<float>(dir + "qp.npy");
+    in.kp.v = read_npy<float>(dir + "kp.npy");
+    ASSERT_EQ(in.qp.v.size(), size_t(d.B * d.Hp * d.S * d.Dp));
+    ASSERT_EQ(in.kp.v.size(), size_t(d.B * d.Hpk * d.S * d.Dp));
+    const std::vector<int32_t> want = read_npy<int32_t>(dir + "indices.npy");
+    const std::vector<float> scores = read_npy<float>(dir + "block_scores.npy");
+    ASSERT_EQ(want.size(), cfg.index_count());
+    ASSERT_EQ(scores.size(), size_t(d.B * d.Hp * d.S * d.NB()));
+    const std::vector<int32_t> got = run_cuda_select(cfg, in);
+    // By score against the golden float64 block scores (stored as float32: ~1e-7 relative).
+    int64_t bad = 0;
+    for (size_t r = 0; r * d.K < got.size(); ++r) {
+      const float* s = &scores[r * d.NB()];
+      std::vector<char> sel(static_cast<size_t>(d.NB()), 0);
+      int64_t valid = 0, visible = 0;
+      for (int64_t n = 0; n < d.NB(); ++n) visible += s[n] > -INFINITY;
+      bool ok = true;
+      for (int64_t x = 0; x < d.K; ++x) {
+        const int32_t e = got[r * d.K + x];
+        if (e == -1) continue;
+        ok &= e >= 0 && e < d.NB() &&
+              (x == 0 || (got[r * d.K + x - 1] != -1 && got[r * d.K + x - 1] < e));
+        if (!ok) break;
+        sel[e] = 1;
+        ++valid;
+      }
+      float worst = INFINITY, best_out = -INFINITY;
+      for (int64_t n = 0; n < d.NB(); ++n) {
+        if (sel[n]) {
+          worst = std::min(worst, s[n]);
+        } else {
+          best_out = std::max(best_out, s[n]);
+        }
+      }
+      ok = ok && valid == std::min<int64_t>(d.K, visible) && worst >= best_out - 1e-3f &&
+           worst > -INFINITY;
+      bad += !ok;
+    }
+    EXPECT_EQ(bad, 0) << "rows failing the by-score check";
+    const int64_t diff = differing_rows(got, want, d.K);
+    EXPECT_LE(diff, int64_t(got.size() / d.K) / 100) << "rows differing from golden indices";
+    std::printf("[ golden ] %s: %lld rows differ from the golden indices\n", name,
+                static_cast<long long>(diff));
+  }
+  EXPECT_GT(ran, 0) << "no golden sparse cases under " << root;
+}
+
+// ---- the backend's own limits ----
+
+using CudaSelectLimits = CudaTest;
+
+TEST_F(CudaSelectLimits, RejectedWithNamedArgument) {
+  Config cfg;
+  cfg.d = {.B = 1, .S = 256, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 64, .K = 2};
+  cfg.dtype = DType::kBFloat16;
+  DeviceMemory qp(size_t(4 * cfg.d.S * 128 * 4)), kp(size_t(4 * cfg.d.S * 128 * 4));
+  DeviceMemory idx(cfg.index_count() * 4 * 64);
+  auto params = [&](const Config& c) {
+    return SelectParams{c.problem(), contiguous_view<const void>(qp.get(), c.d.Hp, c.d.S, c.d.Dp),
+                        contiguous_view<const void>(kp.get(), c.d.Hpk, c.d.S, c.d.Dp),
+                        static_cast<int32_t*>(idx.get())};
+  };
+  Config c = cfg;
+  c.dtype = DType::kFloat32;
+  EXPECT_MSA_ERROR(cuda::select(params(c), {}, nullptr), "dtype");
+  c = cfg;
+  c.d.Dp = 48;
+  EXPECT_MSA_ERROR(cuda::select(params(c), {}, nullptr), "proxy_head_dim");
+  c = cfg;
+  c.d.K = 65;
+  EXPECT_MSA_ERROR(cuda::select(params(c), {}, nullptr), "top_k");
+  SelectParams p = params(cfg);
+  p.qp.data = static_cast<const char*>(qp.get()) + 2;
+  EXPECT_MSA_ERROR(cuda::select(p, {}, nullptr), "qp");
+  p = params(cfg);
+  p.kp.stride_s = cfg.d.Dp + 4;
+  EXPECT_MSA_ERROR(cuda::select(p, {}, nullptr), "kp");
+}
+
+// ---- timing at the paper's proxy shape (run with --gtest_also_run_disabled_tests) ----
+
+using CudaSelectPerf = CudaTest;
+
+TEST_F(CudaSelectPerf, DISABLED_PaperShape) {
+  for (const auto& [S, K] : {std::pair<int64_t, int64_t>{32768, 16}, {131072, 16}, {32768, 64}}) {
+    Config cfg;
+    cfg.d = {.B = 1, .S = S, .H = 64, .Hk = 4, .Hp = 4, .Hpk = 1, .D = 128, .Dp = 128, .K = K};
+    cfg.dtype = DType::kBFloat16;
+    const Dims& d = cfg.d;
+    std::vector<uint16_t> host(static_cast<size_t>((d.Hp + d.Hpk) * S * d.Dp));
+    uint32_t state = 12345u;
+    for (uint16_t& x : host) {
+      state = state * 1664525u + 1013904223u;
+      x = float_to_bf16(float(int32_t(state >> 8) % 4001 - 2000) / 1000.f);
+    }
+    DeviceMemory qp(host.data(), size_t(d.Hp * S * d.Dp * 2));
+    DeviceMemory kp(host.data() + d.Hp * S * d.Dp, size_t(d.Hpk * S * d.Dp * 2));
+    DeviceMemory idx(cfg.index_count() * 4);
+    CUDA_OK(cudaMemset(idx.get(), 0x80, idx.bytes()));
+    const SelectParams params{cfg.problem(), contiguous_view<const void>(qp.get(), d.Hp, S, d.Dp),
+                              contiguous_view<const void>(kp.get(), d.Hpk, S, d.Dp),
+                              static_cast<int32_t*>(idx.get())};
+    cudaEvent_t start, stop;
+    CUDA_OK(cudaEventCreate(&start));
+    CUDA_OK(cudaEventCreate(&stop));
+    for (int w = 0; w < 3; ++w) cuda::select(params, {}, nullptr);
+    std::vector<float> ms;
+    for (int it = 0; it < 10; ++it) {
+      CUDA_OK(cudaEventRecord(start));
+      cuda::select(params, {}, nullptr);
+      CUDA_OK(cudaEventRecord(stop));
+      CUDA_OK(cudaEventSynchronize(stop));
+      float t = 0;
+      CUDA_OK(cudaEventElapsedTime(&t, start, stop));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double flops = 2.0 * d.Hp * d.Dp * double(S) * double(S) / 2;
+    std::printf(
+        "[ perf ] select B=1 Hp=4 Hpk=1 Dp=128 bf16 K=%lld S=%lld: median %.3f ms "
+        "(min %.3f), %.1f TFLOP/s\n",
+        static_cast<long long>(K), static_cast<long long>(S), ms[ms.size() / 2], ms[0],
+        flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
+    std::vector<int32_t> out(cfg.index_count());
+    CUDA_OK(cudaMemcpy(out.data(), idx.get(), idx.bytes(), cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int64_t r = 0; r < d.Hp * S; ++r) {
+      const int32_t own = static_cast<int32_t>((r % S) / kBlockSize);
+      const int32_t* row = &out[static_cast<size_t>(r * d.K)];
+      bad += std::find(row, row + d.K, own) == row + d.K;
+    }
+    EXPECT_EQ(bad, 0) << "rows without their own block";
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+}
+
+}  // namespace
+}  // namespace flash_msa::test
