@@ -4,7 +4,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(cmake ninja-build g++ libgtest-dev=1.12.1-0.2 googletest=1.12.1-0.2)
-PY_PACKAGES=(torch==2.11.0 numpy==2.4.6 pytest==9.2.0 setuptools==84.2.1 wheel==0.48.0 ninja==1.13.2)
+PY_PACKAGES=(torch==2.11.0 numpy==2.4.6 pytest==9.2.0 setuptools==81.0.0 wheel==0.48.0 ninja==1.13.2)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
