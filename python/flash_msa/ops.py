@@ -108,17 +108,25 @@ def _forward_setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
     # The statistics are outputs only so that the backward can reuse them.
     ctx.mark_non_differentiable(lse, lse_proxy)
+    # An unused output (out or kl) then reaches the backward as None, and the branch it feeds
+    # gets no gradient at all rather than zeros: the main loss leaves the index projections'
+    # .grad None, and the KL alone leaves the main projections' .grad None.
+    ctx.set_materialize_grads(False)
 
 
 def _forward_backward(ctx, dout, kl_grad, _dlse, _dlse_proxy):
     qp, kp, q, k, v, out, lse, lse_proxy, indices, cu_seqlens = ctx.saved_tensors
     # kl_grad stays a device tensor: the proxy gradients are scaled by it inside the kernels,
     # without a host sync.
-    grads = backward(
-        dout, kl_grad, qp, kp, q, k, v, out, lse, lse_proxy, indices, ctx.scale,
-        ctx.proxy_scale, cu_seqlens, ctx.deterministic,
+    dqp, dkp, dq, dk, dv = backward(
+        torch.zeros_like(out) if dout is None else dout, kl_grad, qp, kp, q, k, v, out, lse,
+        lse_proxy, indices, ctx.scale, ctx.proxy_scale, cu_seqlens, ctx.deterministic,
     )
-    return (*grads, None, None, None, None, None)
+    if dout is None:
+        dq = dk = dv = None
+    if kl_grad is None:
+        dqp = dkp = None
+    return (dqp, dkp, dq, dk, dv, None, None, None, None, None)
 
 
 forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)

@@ -112,15 +112,21 @@ def test_kl_gradient_is_scaled_by_its_upstream_gradient():
         assert torch.equal(g0[n], g1[n]) and torch.equal(g0[n], g3[n])
 
 
-def test_kl_only_loss_leaves_main_gradients_zero():
+@pytest.mark.parametrize("used", ["kl", "out"])
+def test_a_loss_on_one_output_leaves_the_other_branch_without_gradient(used):
+    """The KL alone reaches only q_proxy, k_proxy; out alone reaches only q, k, v (the
+    other branch gets no gradient at all, not zeros)."""
     shape = SHAPES[0]
     inputs = random_inputs(shape, torch.float32, seed=6)
     leaves = {n: inputs[n].clone().requires_grad_() for n in NAMES}
-    _, kl = flash_msa.flash_msa_func(*leaves.values(), shape.K * 128)
-    kl.backward()
-    for n in ("q", "k", "v"):
-        assert torch.count_nonzero(leaves[n].grad) == 0
-    assert leaves["qp"].grad.abs().max() > 0
+    out, kl = flash_msa.flash_msa_func(*leaves.values(), shape.K * 128)
+    (kl if used == "kl" else (out * inputs["dout"]).sum()).backward()
+    reached = ("qp", "kp") if used == "kl" else ("q", "k", "v")
+    for n in NAMES:
+        if n in reached:
+            assert leaves[n].grad.abs().max() > 0, n
+        else:
+            assert leaves[n].grad is None, n
 
 
 @pytest.mark.parametrize("mode", ["sparse", "warmup"])

@@ -1,0 +1,201 @@
+"""The CUDA backend against the CPU backend of the same package, on the GPU.
+
+Each CUDA result in bf16/fp16 is compared with the CPU path run in fp32 on the same (rounded)
+inputs and, for attention, on the indices the CUDA selection returned, so every comparison is
+exact up to arithmetic: relative L2 error below 1e-2. The CUDA backend requires Hp % Hk == 0,
+G = H / Hp <= 16 and (D, Dp) in {(32, 32), (64, 32), (64, 64), (128, 64), (128, 128)}.
+"""
+
+import pytest
+import torch
+
+import flash_msa
+import reference as ref
+from conftest import NAMES, Shape, random_inputs
+from test_compile import train_step
+from test_select import check_selection
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and flash_msa.built_with_cuda()),
+    reason="needs a CUDA device and flash_msa built with CUDA",
+)
+
+SHAPES = [
+    Shape(B=2, S=700, H=16, Hk=2, Hp=2, Hpk=1, D=64, Dp=64, K=3),  # GQA, ragged last block
+    Shape(B=1, S=512, H=4, Hk=1, Hp=1, Hpk=1, D=128, Dp=128, K=8),  # K > NB
+    Shape(B=2, S=384, H=4, Hk=2, Hp=2, Hpk=1, D=128, Dp=64, K=2,
+          cu_seqlens=(0, 100, 384, 500, 768)),  # packed documents
+    Shape(B=1, S=256, H=8, Hk=4, Hp=4, Hpk=2, D=32, Dp=32, K=1),
+    Shape(B=1, S=300, H=2, Hk=1, Hp=1, Hpk=1, D=64, Dp=32, K=2),
+]
+DTYPES = [torch.bfloat16, torch.float16]
+REL_L2 = 1e-2
+
+
+def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
+    got, expected = got.detach().cpu().double(), expected.detach().cpu().double()
+    return ((got - expected).norm() / expected.norm().clamp(min=1e-30)).item()
+
+
+def run(inputs: dict, shape: Shape, indices, device, kl_weight, deterministic=False):
+    """out, kl, lse, lse_proxy and the gradients of sum(out * dout) + kl_weight * kl."""
+    cu = shape.cu(device)
+    leaves = {n: inputs[n].detach().to(device).requires_grad_() for n in NAMES}
+    args = [leaves[n] for n in NAMES]
+    if indices is None:
+        out, kl = flash_msa.flash_msa_warmup_func(*args, cu_seqlens=cu, deterministic=deterministic)
+    else:
+        indices = indices.to(device)
+        out, kl = flash_msa.sparse_attention(*args, indices, cu_seqlens=cu,
+                                             deterministic=deterministic)
+    ((out * inputs["dout"].to(device)).sum() + kl_weight * kl).backward()
+    _, _, lse, lse_proxy = flash_msa.ops.forward(
+        *(t.detach() for t in args), indices, shape.D ** -0.5, shape.Dp ** -0.5, cu, False)
+    return dict(out=out, kl=kl, lse=lse, lse_proxy=lse_proxy,
+                **{f"d{n}": t.grad for n, t in leaves.items()})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_selection_by_score(shape, dtype):
+    inputs = random_inputs(shape, dtype, seed=40, device="cuda")
+    indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K,
+                                      cu_seqlens=shape.cu("cuda"))
+    assert indices.device.type == "cuda" and indices.dtype == torch.int32
+    scores = ref.block_scores(inputs["qp"].cpu(), inputs["kp"].cpu(), shape.Dp ** -0.5, shape.cu())
+    finite = scores[scores.isfinite()].abs().max().item()
+    check_selection(indices, scores, shape.K, finite * 2.0 ** -7)
+
+
+@pytest.mark.parametrize("mode", ["sparse", "warmup"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_cpu(shape, dtype, mode):
+    inputs = random_inputs(shape, dtype, seed=41, device="cuda")
+    indices = None
+    if mode == "sparse":
+        indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K,
+                                          cu_seqlens=shape.cu("cuda"))
+    weight = 0.75 * shape.N  # makes the proxy gradients O(1)
+    got = run(inputs, shape, indices, "cuda", weight)
+    fp32 = {n: t.cpu().float() for n, t in inputs.items()}
+    expected = run(fp32, shape, None if indices is None else indices.cpu(), "cpu", weight)
+    assert got["out"].dtype == dtype and got["out"].shape == (shape.B, shape.S, shape.H * shape.D)
+    assert got["kl"].dtype == torch.float32 and got["kl"].dim() == 0
+    assert expected["kl"].item() > 0
+    for name, e in expected.items():
+        g = got[name]
+        assert g.device.type == "cuda" and g.shape == e.shape, name
+        if name.startswith("d"):
+            assert g.dtype == dtype, name
+        assert torch.isfinite(g).all(), name
+        assert rel_l2(g, e) < REL_L2, f"{name}: rel L2 {rel_l2(g, e):.3g}"
+
+
+def test_deterministic_gradients_are_reproducible():
+    shape = SHAPES[0]
+    inputs = random_inputs(shape, torch.bfloat16, seed=42, device="cuda")
+    indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K)
+    first = run(inputs, shape, indices, "cuda", shape.N, deterministic=True)
+    second = run(inputs, shape, indices, "cuda", shape.N, deterministic=True)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def graph_step(leaves: dict, dout: torch.Tensor, shape: Shape, cu):
+    out, kl = flash_msa.flash_msa_func(*(leaves[n] for n in NAMES), shape.K * 128,
+                                       cu_seqlens=cu, deterministic=True)
+    loss = (out * dout).sum() + shape.N * kl
+    grads = torch.autograd.grad(loss, [leaves[n] for n in NAMES])
+    return [out, kl, *grads]
+
+
+def test_cuda_graph_capture_matches_eager():
+    shape = SHAPES[2]
+    cu = shape.cu("cuda")
+    static = random_inputs(shape, torch.bfloat16, seed=43, device="cuda")
+    leaves = {n: static[n].clone().requires_grad_() for n in NAMES}
+    dout = static["dout"].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            graph_step(leaves, dout, shape, cu)
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = graph_step(leaves, dout, shape, cu)
+
+    fresh = random_inputs(shape, torch.bfloat16, seed=44, device="cuda")
+    with torch.no_grad():
+        for n in NAMES:
+            leaves[n].copy_(fresh[n])
+        dout.copy_(fresh["dout"])
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = graph_step({n: fresh[n].clone().requires_grad_() for n in NAMES}, fresh["dout"],
+                       shape, cu)
+    for name, c, e in zip(["out", "kl", *NAMES], captured, eager):
+        assert torch.equal(c, e), name
+
+
+def test_training_step_does_not_sync_with_the_host():
+    shape = SHAPES[2]
+    cu = shape.cu("cuda")
+    inputs = random_inputs(shape, torch.bfloat16, seed=45, device="cuda")
+    leaves = {n: inputs[n].clone().requires_grad_() for n in NAMES}
+
+    def step():
+        out, kl = flash_msa.flash_msa_func(*(leaves[n] for n in NAMES), shape.K * 128,
+                                           cu_seqlens=cu)
+        ((out * inputs["dout"]).sum() + kl).backward()
+
+    step()  # first call: lazy initialisation may synchronise
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        out = flash_msa.flash_msa_warmup_func(*(leaves[n] for n in NAMES), cu_seqlens=cu,
+                                              return_kl=False)
+        out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert all(torch.isfinite(leaves[n].grad).all() for n in NAMES)
+
+
+@pytest.mark.parametrize("warmup", [False, True])
+def test_compiled_module_matches_eager(warmup):
+    torch.manual_seed(46)
+    shape = Shape(B=2, S=300, H=4, Hk=2, Hp=2, Hpk=1, D=64, Dp=64, K=2,
+                  cu_seqlens=(0, 120, 300, 450, 600))
+    cu = shape.cu("cuda")
+    model = flash_msa.MSAAttention(128, shape.H, shape.Hk, shape.D, shape.Hp, shape.Hpk, shape.Dp,
+                                   top_k=shape.K * 128, warmup=warmup, device="cuda",
+                                   dtype=torch.bfloat16)
+    hidden = torch.randn(shape.B, shape.S, 128, device="cuda", dtype=torch.bfloat16)
+
+    eager_hidden = hidden.clone().requires_grad_()
+    eager_out, eager_kl = train_step(model, eager_hidden, cu)
+    eager_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    compiled_hidden = hidden.clone().requires_grad_()
+    out, kl = train_step(compiled, compiled_hidden, cu)
+
+    assert rel_l2(out, eager_out) < REL_L2
+    assert rel_l2(kl, eager_kl) < REL_L2
+    assert rel_l2(compiled_hidden.grad, eager_hidden.grad) < REL_L2
+    for n, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().max() > 0, n
+        assert rel_l2(p.grad, eager_grads[n]) < REL_L2, n
+
+
+def test_unsupported_head_dims_raise_a_clear_error():
+    shape = Shape(B=1, S=256, H=2, Hk=1, Hp=1, Hpk=1, D=16, Dp=16, K=1)
+    inputs = random_inputs(shape, torch.bfloat16, seed=47, device="cuda")
+    with pytest.raises((ValueError, RuntimeError), match="limit of the CUDA backend"):
+        flash_msa.flash_msa_warmup_func(*(inputs[n] for n in NAMES))
