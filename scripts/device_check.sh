@@ -23,8 +23,6 @@ pip_job=$!
 step "ctest"
 ctest --test-dir build --output-on-failure -j 4 >"$log/ctest.txt" 2>&1 || status=1
 grep -E "tests passed|tests failed|\(Failed\)" "$log/ctest.txt" | tee -a "$log/summary.txt"
-$tests --gtest_brief=1 >"$log/cuda_tests.txt" 2>&1 || status=1
-grep -E "PASSED|FAILED|SKIPPED" "$log/cuda_tests.txt" | tee -a "$log/summary.txt"
 
 step "compute-sanitizer"
 for tool in memcheck racecheck; do
