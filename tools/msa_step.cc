@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/parallel.h"
 #include "flash_msa/cpu.h"
 #include "flash_msa/msa.h"
 
@@ -209,28 +210,38 @@ struct HostTensor {
     const uint16_t h = dtype == DType::kFloat16 ? float_to_fp16(f) : float_to_bf16(f);
     std::memcpy(&bytes[static_cast<size_t>(i) * 2], &h, 2);
   }
+  // Per-thread partial sums added in thread order.
   double abs_sum() const {
+    std::vector<double> partial(static_cast<size_t>(flash_msa::cpu::num_threads()), 0.0);
+    flash_msa::cpu::parallel_static(count(), kChunk, [&](int t, flash_msa::cpu::StaticRows& it) {
+      for (int64_t i; it.next(i);)
+        partial[static_cast<size_t>(t)] += std::fabs(static_cast<double>(get(i)));
+    });
     double s = 0;
-#pragma omp parallel for reduction(+ : s)
-    for (int64_t i = 0; i < count(); ++i) s += std::fabs(static_cast<double>(get(i)));
+    for (double x : partial) s += x;
     return s;
   }
+  static constexpr int64_t kChunk = 1 << 16;  // elements per thread chunk
 };
 
 // Unit-variance values from a counter hash (parallel and reproducible), never exactly zero.
+void fill_one(HostTensor& t, uint64_t seed, uint64_t stream, int64_t i) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + stream * 0xbf58476d1ce4e5b9ull +
+               static_cast<uint64_t>(i) * 0x94d049bb133111ebull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  // Uniform on (-sqrt(3), sqrt(3)) excluding a small interval around zero.
+  const double u = (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
+  const double x = (2.0 * u - 1.0) * 1.7320508075688772;
+  t.set(i, static_cast<float>(std::fabs(x) < 1e-3 ? (x < 0 ? -1e-3 : 1e-3) : x));
+}
+
 void fill_random(HostTensor& t, uint64_t seed, uint64_t stream) {
-#pragma omp parallel for
-  for (int64_t i = 0; i < t.count(); ++i) {
-    uint64_t z = seed * 0x9e3779b97f4a7c15ull + stream * 0xbf58476d1ce4e5b9ull +
-                 static_cast<uint64_t>(i) * 0x94d049bb133111ebull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    // Uniform on (-sqrt(3), sqrt(3)) excluding a small interval around zero.
-    const double u = (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
-    const double x = (2.0 * u - 1.0) * 1.7320508075688772;
-    t.set(i, static_cast<float>(std::fabs(x) < 1e-3 ? (x < 0 ? -1e-3 : 1e-3) : x));
-  }
+  flash_msa::cpu::parallel_static(t.count(), HostTensor::kChunk,
+                                  [&](int, flash_msa::cpu::StaticRows& it) {
+                                    for (int64_t i; it.next(i);) fill_one(t, seed, stream, i);
+                                  });
 }
 
 flash_msa::ConstView cview(const HostTensor& t, const void* data) {
@@ -507,9 +518,9 @@ bool cuda_available() { return false; }
 void print_selection_stats(const Step& s) {
   const flash_msa::Problem& p = s.problem;
   const int64_t rows = p.batch * p.proxy_heads * p.seqlen;
+  // Selections are summarised serially: integer counts and a distance sum in row order.
   int64_t valid = 0, own_only = 0;
   double distance = 0;
-#pragma omp parallel for reduction(+ : valid, own_only, distance)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t own = (r % p.seqlen) / flash_msa::kBlockSize;
     int64_t n_valid = 0;

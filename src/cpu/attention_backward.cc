@@ -3,14 +3,13 @@
 // and dk, dv, dkp go to per-thread fp32 accumulators that are summed in thread order. Rows are
 // split statically, so results are bitwise reproducible for a given thread count (the
 // deterministic flag costs nothing here).
-#include <omp.h>
-
 #include <cmath>
 #include <vector>
 
 #include "common/documents.h"
 #include "cpu/attention.h"
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 #include "cpu/tensor.h"
 #include "flash_msa/cpu.h"
 
@@ -20,22 +19,18 @@ namespace {
 // dst[b, h, s] = sum over threads of acc[t][b, h, s] for a [B, heads, S, C] accumulator.
 void reduce_store(DType dtype, const std::vector<std::vector<float>>& acc, const MutView& dst,
                   int64_t batch, int64_t heads, int64_t seqlen, int64_t channels) {
-  const int64_t rows = batch * heads * seqlen;
-#pragma omp parallel
-  {
+  parallel_static(batch * heads * seqlen, kRowChunk, [&](int, StaticRows& rows) {
     std::vector<float> sum(static_cast<size_t>(channels));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r; rows.next(r);) {
       std::fill(sum.begin(), sum.end(), 0.f);
       for (const std::vector<float>& t : acc) {
-        if (t.empty()) continue;  // a thread the runtime did not start
         const float* row = &t[static_cast<size_t>(r * channels)];
         for (int64_t c = 0; c < channels; ++c) sum[static_cast<size_t>(c)] += row[c];
       }
       const int64_t b = r / (heads * seqlen), h = r / seqlen % heads, s = r % seqlen;
       store_row(dtype, dst.data, offset(dst, b, h, s), sum.data(), channels);
     }
-  }
+  });
 }
 
 void backward(const BackwardParams& params, bool warmup) {
@@ -50,13 +45,12 @@ void backward(const BackwardParams& params, bool warmup) {
   const int64_t max_keys = max_attended(d, warmup);
   // g = kl_weight * (pp - t): the KL gradient w / (B * Hp * S) folded into one factor.
   const float kl_weight = (params.kl_grad ? *params.kl_grad : 0.f) / static_cast<float>(d.rows());
-  const int threads = omp_get_max_threads();
+  const int threads = num_threads();
   const size_t kv_size = static_cast<size_t>(d.B * d.Hk * d.S * d.D);
   std::vector<std::vector<float>> dk_acc(threads), dv_acc(threads), dkp_acc(threads);
 
-#pragma omp parallel num_threads(threads)
-  {
-    const int tid = omp_get_thread_num();
+  run_workers(threads, [&](int tid) {
+    StaticRows rows(d.rows(), kRowChunk, threads, tid);
     dk_acc[tid].assign(kv_size, 0.f);
     dv_acc[tid].assign(kv_size, 0.f);
     dkp_acc[tid].assign(static_cast<size_t>(d.B * d.Hpk * d.S * d.Dp), 0.f);
@@ -67,8 +61,7 @@ void backward(const BackwardParams& params, bool warmup) {
     std::vector<float> prob(static_cast<size_t>(d.G * max_keys)), dprob(prob.size());
     std::vector<float> teacher(static_cast<size_t>(max_keys)), grad(teacher.size());
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
-#pragma omp for schedule(static, kRowChunk)
-    for (int64_t r = 0; r < d.rows(); ++r) {
+    for (int64_t r; rows.next(r);) {
       const int64_t b = r / (d.Hp * d.S), p = r / d.S % d.Hp, i = r % d.S, h0 = p * d.G;
       const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
       const int64_t nr =
@@ -131,7 +124,7 @@ void backward(const BackwardParams& params, bool warmup) {
       store_row(pr.dtype, params.dqp.data, offset(params.dqp, b, p, i), dqp.data(), d.Dp,
                 pr.proxy_scale);
     }
-  }
+  });
   reduce_store(pr.dtype, dk_acc, params.dk, d.B, d.Hk, d.S, d.D);
   reduce_store(pr.dtype, dv_acc, params.dv, d.B, d.Hk, d.S, d.D);
   reduce_store(pr.dtype, dkp_acc, params.dkp, d.B, d.Hpk, d.S, d.Dp);

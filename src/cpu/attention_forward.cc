@@ -9,6 +9,7 @@
 #include "common/documents.h"
 #include "cpu/attention.h"
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 #include "cpu/tensor.h"
 #include "flash_msa/cpu.h"
 
@@ -28,15 +29,13 @@ void forward(const ForwardParams& params, bool warmup) {
   // Per-row KL terms, summed in row order afterwards so the value does not depend on threads.
   std::vector<double> kl_rows(params.kl ? static_cast<size_t>(d.rows()) : 0);
 
-#pragma omp parallel
-  {
+  parallel_dynamic(d.rows(), kRowChunk, [&](int, DynamicRows& rows) {
     const size_t head_rows = static_cast<size_t>(d.G * d.D);
     std::vector<float> q(head_rows), o(head_rows), qp(static_cast<size_t>(d.Dp));
     std::vector<float> a(static_cast<size_t>(d.G * max_keys));
     std::vector<float> teacher(static_cast<size_t>(max_keys)), s(teacher.size());
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
-#pragma omp for schedule(dynamic, kRowChunk)
-    for (int64_t r = 0; r < d.rows(); ++r) {
+    for (int64_t r; rows.next(r);) {
       const int64_t b = r / (d.Hp * d.S), p = r / d.S % d.Hp, i = r % d.S, h0 = p * d.G;
       const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
       const int64_t nr =
@@ -78,7 +77,7 @@ void forward(const ForwardParams& params, bool warmup) {
         kl_rows[static_cast<size_t>(r)] = kl;
       }
     }
-  }
+  });
   if (params.kl)
     *params.kl = static_cast<float>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
                                     static_cast<double>(d.rows()));

@@ -1,5 +1,5 @@
 // Inner loops of the CPU backend, written so that the compiler vectorises them over channels
-// (OpenMP simd), and the attended key set of one query as ranges of contiguous keys.
+// (`omp simd` loops, built with -fopenmp-simd: no OpenMP runtime), and the attended key set of one query as ranges of contiguous keys.
 #pragma once
 
 #include <algorithm>
@@ -15,8 +15,8 @@ namespace flash_msa::cpu {
 // proxy group reads it.
 inline constexpr int64_t kKeyTile = 32;
 
-// Consecutive query rows per OpenMP scheduling chunk: neighbours mostly select the same blocks,
-// so their keys are still in cache.
+// Consecutive query rows per thread chunk: neighbours mostly select the same blocks, so their
+// keys are still in cache.
 inline constexpr int64_t kRowChunk = 16;
 
 // out_r[x] = <row_r, keys[x]> for two rows (r = 0, 1) and n contiguous key rows of `dim` floats.

@@ -8,6 +8,7 @@
 
 #include "common/documents.h"
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 #include "cpu/tensor.h"
 #include "flash_msa/cpu.h"
 
@@ -23,14 +24,12 @@ void select(const SelectParams& params) {
   const Packed kp(pr.dtype, params.kp, B, pr.proxy_kv_heads, S, Dp);
   const int64_t proxy_group = Hp / pr.proxy_kv_heads;
 
-#pragma omp parallel
-  {
+  // Query cost grows with i, so rows are handed out dynamically; results do not depend on it.
+  parallel_dynamic(B * Hp * S, kRowChunk, [&](int, DynamicRows& rows) {
     std::vector<float> qp(static_cast<size_t>(Dp)), scores(kBlockSize);
     std::vector<std::pair<float, int32_t>> candidates(static_cast<size_t>(num_blocks));
     std::vector<int32_t> chosen(static_cast<size_t>(K));
-    // Query cost grows with i, so rows are handed out dynamically; results do not depend on it.
-#pragma omp for schedule(dynamic, kRowChunk)
-    for (int64_t r = 0; r < B * Hp * S; ++r) {
+    for (int64_t r; rows.next(r);) {
       const int64_t b = r / (Hp * S), p = r / S % Hp, i = r % S;
       const int64_t start = starts[static_cast<size_t>(b * S + i)], own = i / kBlockSize;
       load_row(pr.dtype, params.qp.data, offset(params.qp, b, p, i), Dp, qp.data());
@@ -57,7 +56,7 @@ void select(const SelectParams& params) {
       out[take] = static_cast<int32_t>(own);
       std::fill(out + take + 1, out + K, -1);
     }
-  }
+  });
 }
 
 }  // namespace flash_msa::cpu

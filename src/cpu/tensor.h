@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/parallel.h"
 #include "flash_msa/msa.h"
 
 namespace flash_msa::cpu {
@@ -92,6 +93,8 @@ inline void store_row(DType dtype, void* dst, int64_t at, const float* src, int6
 
 // A contiguous fp32 copy [B, heads, S, C] of a strided view, for tensors read many times.
 struct Packed {
+  static constexpr int64_t kLoadChunk = 256;  // rows per thread chunk of the copy
+
   std::vector<float> data;
   int64_t heads = 0, seqlen = 0, channels = 0;
 
@@ -102,12 +105,13 @@ struct Packed {
         seqlen(seqlen_),
         channels(channels_) {
     const int64_t rows = batch * heads * seqlen;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t b = r / (heads * seqlen), h = r / seqlen % heads, s = r % seqlen;
-      load_row(dtype, view.data, offset(view, b, h, s), channels,
-               &data[static_cast<size_t>(r * channels)]);
-    }
+    parallel_static(rows, kLoadChunk, [&](int, StaticRows& it) {
+      for (int64_t r; it.next(r);) {
+        const int64_t b = r / (heads * seqlen), h = r / seqlen % heads, s = r % seqlen;
+        load_row(dtype, view.data, offset(view, b, h, s), channels,
+                 &data[static_cast<size_t>(r * channels)]);
+      }
+    });
   }
 
   const float* row(int64_t b, int64_t h, int64_t s) const {

@@ -2,7 +2,6 @@
 // document isolation, KL >= 0 and = 0 for a matching proxy, the split of gradients between the
 // main and proxy branches, warmup == sparse with every block selected, layouts and dtypes.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <ostream>
@@ -311,17 +310,16 @@ TEST_P(ModeTest, ThreadCountDoesNotChangeResults) {
   Config cfg;
   cfg.d = {.B = 2, .S = 300, .H = 4, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 16, .Dp = 8, .K = 2};
   const Inputs in = random_inputs(cfg.d, 63);
-  const int saved = omp_get_max_threads();
   const float w = 0.7f;
-  omp_set_num_threads(1);
+  cpu::set_num_threads(1);
   const std::vector<int32_t> i1 = maybe_select(cfg, in, warmup);
   const Outputs o1 = run_forward(cfg, in, warmup, i1);
   const Grads g1 = run_backward(cfg, in, o1, warmup, i1, &w);
-  omp_set_num_threads(3);
+  cpu::set_num_threads(3);
   const std::vector<int32_t> i3 = maybe_select(cfg, in, warmup);
   const Outputs o3 = run_forward(cfg, in, warmup, i3);
   const Grads g3 = run_backward(cfg, in, o1, warmup, i1, &w);
-  omp_set_num_threads(saved);
+  cpu::set_num_threads(0);
   EXPECT_EQ(i1, i3);
   EXPECT_EQ(o1.out.v, o3.out.v);
   EXPECT_EQ(o1.lse, o3.lse);
