@@ -21,11 +21,19 @@ struct Workspace {
 size_t select_workspace_bytes(const SelectParams& params);
 void select(const SelectParams& params, Workspace workspace, cudaStream_t stream);
 
-size_t forward_workspace_bytes(const ForwardParams& params, bool warmup);
+// Sparse mode works through the sequence in token chunks whose partial results fit the
+// workspace it is given: *_workspace_bytes(params, false) sizes one chunk of the whole sequence
+// or, for long sequences, of as many tokens as about 8 GiB of partial buffers hold;
+// max_chunk_tokens > 0 sizes chunks of at most that many tokens per batch row instead (rounded
+// down to a multiple of 128, at least 128), trading speed for memory. Results do not depend on
+// the chunking, except the order of the fp32 sums of dk, dv, dkp over chunks.
+size_t forward_workspace_bytes(const ForwardParams& params, bool warmup,
+                               int64_t max_chunk_tokens = 0);
 void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream_t stream);
 void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream_t stream);
 
-size_t backward_workspace_bytes(const BackwardParams& params, bool warmup);
+size_t backward_workspace_bytes(const BackwardParams& params, bool warmup,
+                                int64_t max_chunk_tokens = 0);
 void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream);
 void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream);
 

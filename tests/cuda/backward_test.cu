@@ -35,7 +35,8 @@ struct CudaGrads {
 // Runs the CUDA backward with every output and the workspace poisoned (0xFF bytes = NaN) and
 // checks that each output element was written, finite, and nothing outside a view was touched.
 CudaGrads run_cuda_backward(const Config& cfg, const Inputs& in, const Outputs& fwd, bool warmup,
-                            const std::vector<int32_t>& indices, const float* kl_grad) {
+                            const std::vector<int32_t>& indices, const float* kl_grad,
+                            int64_t max_chunk_tokens = 0) {
   const Dims& d = cfg.d;
   const DType dt = cfg.dtype;
   const Packed qp = pack(in.qp, dt, cfg.layout), kp = pack(in.kp, dt, cfg.layout);
@@ -84,7 +85,7 @@ CudaGrads run_cuda_backward(const Config& cfg, const Inputs& in, const Outputs& 
   params.dk = mview(g_dk, grads[3]);
   params.dv = mview(g_dv, grads[4]);
   params.deterministic = cfg.deterministic;
-  DeviceBuffer ws(cuda::backward_workspace_bytes(params, warmup));
+  DeviceBuffer ws(cuda::backward_workspace_bytes(params, warmup, max_chunk_tokens));
   EXPECT_EQ(cudaMemset(ws.get(), 0xff, ws.bytes()), cudaSuccess);
   if (warmup) {
     cuda::warmup_backward(params, {ws.get(), ws.bytes()}, nullptr);
@@ -162,6 +163,57 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackward,
                                             ::testing::Values(DType::kBFloat16, DType::kFloat16),
                                             ::testing::Bool()),
                          mode_case_name);
+
+// Sparse-only shapes (see the forward test): G = 3 and G = 32.
+std::vector<ShapeCase> sparse_shapes() {
+  return {
+      {"S777_G3_D64_Dp32",
+       {.B = 1, .S = 777, .H = 6, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 64, .Dp = 32, .K = 3}},
+      {"B2_S640_G32_D128_docs",
+       {.B = 2, .S = 640, .H = 32, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 128, .Dp = 128, .K = 3},
+       {90, 700}},
+  };
+}
+
+using CudaSparseBackward = CudaTestWithParam<ShapeCase>;
+
+TEST_P(CudaSparseBackward, MatchesCpu) {
+  const Config cfg = case_config(GetParam(), DType::kBFloat16);
+  const Inputs in = random_inputs(cfg.d, 1357, cfg.dtype);
+  const Config ref_cfg = cpu_config(cfg);
+  const std::vector<int32_t> indices = run_select(ref_cfg, in);
+  const Outputs fwd = reference_forward(ref_cfg, cfg.dtype, in, false, indices);
+  const float w = 0.75f * static_cast<float>(cfg.d.B * cfg.d.Hp * cfg.d.S);
+  const Grads want = run_backward(ref_cfg, in, fwd, false, indices, &w);
+  expect_match(run_cuda_backward(cfg, in, fwd, false, indices, &w).g, want, cfg.dtype, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaSparseBackward, ::testing::ValuesIn(sparse_shapes()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+using CudaBackwardChunks = CudaTest;
+
+// Token chunks (a small workspace): dq and dqp are per-token sums in slot order and keep their
+// bits; dk, dv, dkp add the chunks' fp32 sums in another order, within rounding.
+TEST_F(CudaBackwardChunks, ChunkedMatchesOneChunk) {
+  Config cfg;
+  cfg.d = {.B = 2, .S = 700, .H = 8, .Hk = 2, .Hp = 4, .Hpk = 1, .D = 64, .Dp = 64, .K = 3};
+  cfg.dtype = DType::kBFloat16;
+  cfg.cu_seqlens = make_cu_seqlens(cfg.d, {200, 900});
+  const Inputs in = random_inputs(cfg.d, 57, cfg.dtype);
+  const Config ref_cfg = cpu_config(cfg);
+  const std::vector<int32_t> indices = run_select(ref_cfg, in);
+  const Outputs fwd = reference_forward(ref_cfg, cfg.dtype, in, false, indices);
+  const float w = 0.75f * static_cast<float>(cfg.d.B * cfg.d.Hp * cfg.d.S);
+  const CudaGrads one = run_cuda_backward(cfg, in, fwd, false, indices, &w);
+  const CudaGrads chunked = run_cuda_backward(cfg, in, fwd, false, indices, &w, 128);
+  EXPECT_TRUE(one.bits[0] == chunked.bits[0]) << "dqp";
+  EXPECT_TRUE(one.bits[2] == chunked.bits[2]) << "dq";
+  EXPECT_LT(rel_l2(chunked.g.dkp.v, one.g.dkp.v), 1e-3);
+  EXPECT_LT(rel_l2(chunked.g.dk.v, one.g.dk.v), 1e-3);
+  EXPECT_LT(rel_l2(chunked.g.dv.v, one.g.dv.v), 1e-3);
+  expect_match(chunked.g, run_backward(ref_cfg, in, fwd, false, indices, &w), cfg.dtype, true);
+}
 
 Config determinism_config() {
   Config cfg;

@@ -35,7 +35,8 @@ struct CudaOutputs {
 // Runs the CUDA forward with every output poisoned (0xFF bytes = NaN) and checks that each
 // element was written, finite, and that nothing outside the strided out view was touched.
 CudaOutputs run_cuda_forward(const Config& cfg, const Inputs& in, bool warmup,
-                             const std::vector<int32_t>& indices, bool want_kl = true) {
+                             const std::vector<int32_t>& indices, bool want_kl = true,
+                             int64_t max_chunk_tokens = 0) {
   const Dims& d = cfg.d;
   const Packed qp = pack(in.qp, cfg.dtype, cfg.layout), kp = pack(in.kp, cfg.dtype, cfg.layout);
   const Packed q = pack(in.q, cfg.dtype, cfg.layout), k = pack(in.k, cfg.dtype, cfg.layout);
@@ -69,7 +70,7 @@ CudaOutputs run_cuda_forward(const Config& cfg, const Inputs& in, bool warmup,
   params.lse = static_cast<float*>(dlse.get());
   params.lse_proxy = static_cast<float*>(dlsep.get());
   params.kl = want_kl ? static_cast<float*>(dkl.get()) : nullptr;
-  DeviceMemory ws(cuda::forward_workspace_bytes(params, warmup));
+  DeviceMemory ws(cuda::forward_workspace_bytes(params, warmup, max_chunk_tokens));
   // The workspace is poisoned too: the kernel must not depend on its contents.
   cudaMemset(ws.get(), 0xff, ws.bytes());
   if (warmup) {
@@ -132,6 +133,51 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaForward,
                                             ::testing::Values(DType::kBFloat16, DType::kFloat16),
                                             ::testing::Bool()),
                          mode_case_name);
+
+// Sparse-only shapes: a group size that does not divide the 128-row tile, and G = 32 (beyond the
+// warmup kernels' 16).
+std::vector<ShapeCase> sparse_shapes() {
+  return {
+      {"S777_G3_D64_Dp32",
+       {.B = 1, .S = 777, .H = 6, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 64, .Dp = 32, .K = 3}},
+      {"B2_S640_G32_D128_docs",
+       {.B = 2, .S = 640, .H = 32, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 128, .Dp = 128, .K = 3},
+       {90, 700}},
+  };
+}
+
+using CudaSparseForward = CudaTestWithParam<ShapeCase>;
+
+TEST_P(CudaSparseForward, MatchesCpu) {
+  const Config cfg = case_config(GetParam(), DType::kBFloat16);
+  const Inputs in = random_inputs(cfg.d, 2468, cfg.dtype);
+  const Config ref_cfg = cpu_config(cfg);
+  const std::vector<int32_t> indices = run_select(ref_cfg, in);
+  expect_match(run_cuda_forward(cfg, in, false, indices), run_forward(ref_cfg, in, false, indices),
+               cfg.dtype, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaSparseForward, ::testing::ValuesIn(sparse_shapes()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+using CudaForwardChunks = CudaTest;
+
+// Small workspaces split the sequence into token chunks; every output is a fixed-order merge of
+// per-block partials, so the bits do not change.
+TEST_F(CudaForwardChunks, SameBitsAsOneChunk) {
+  Config cfg;
+  cfg.d = {.B = 2, .S = 700, .H = 8, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 64, .Dp = 64, .K = 3};
+  cfg.dtype = DType::kBFloat16;
+  cfg.cu_seqlens = make_cu_seqlens(cfg.d, {200, 900});
+  const Inputs in = random_inputs(cfg.d, 31, cfg.dtype);
+  const std::vector<int32_t> indices = run_select(cpu_config(cfg), in);
+  const CudaOutputs one = run_cuda_forward(cfg, in, false, indices);
+  const CudaOutputs chunked = run_cuda_forward(cfg, in, false, indices, true, 128);
+  EXPECT_EQ(one.out.v, chunked.out.v);
+  EXPECT_EQ(one.lse, chunked.lse);
+  EXPECT_EQ(one.lse_proxy, chunked.lse_proxy);
+  EXPECT_EQ(std::memcmp(&one.kl, &chunked.kl, sizeof(float)), 0) << one.kl << " vs " << chunked.kl;
+}
 
 using CudaForwardKl = CudaTest;
 
@@ -282,10 +328,17 @@ TEST_F(CudaForwardLimits, RejectedWithNamedArgument) {
   };
   const cuda::Workspace big{ws.get(), ws.bytes()};
   {
-    Config c = cfg;
-    c.d.H = 32;
+    Config c = cfg;  // G = 128: beyond the sparse kernels' 64, and the warmup kernels' 16
+    c.d.H = 128;
     c.d.Hk = 1;
     EXPECT_MSA_ERROR(cuda::sparse_forward(params_for(c), big, nullptr), "heads");
+    c.d.H = 32;
+    EXPECT_MSA_ERROR(cuda::warmup_forward(params_for(c), big, nullptr), "heads");
+  }
+  {
+    Config c = cfg;
+    c.d.K = 65;
+    EXPECT_MSA_ERROR(cuda::sparse_forward(params_for(c), big, nullptr), "top_k");
   }
   {
     Config c = cfg;

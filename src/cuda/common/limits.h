@@ -79,6 +79,26 @@ inline void check_attention_limits(const Problem& pr, int64_t max_group) {
   if (pr.top_k > kInt32Max / 2) limit_error("top_k", "below 2^30", std::to_string(pr.top_k));
 }
 
+// Limits of the sparse (key-block-outer) kernels on top of the shared attention limits: tiles of
+// 64 query rows, slots in 6 bits and tokens in 25 bits of a schedule entry, int32 edge counts.
+inline void check_sparse_limits(const Problem& pr) {
+  check_attention_limits(pr, 64);
+  if (pr.top_k > 64) limit_error("top_k", "at most 64 blocks", std::to_string(pr.top_k));
+  if (pr.seqlen >= (int64_t(1) << 25))
+    limit_error("seqlen", "below 2^25 tokens per batch row", std::to_string(pr.seqlen));
+  const int64_t edges = pr.batch * pr.proxy_heads * pr.seqlen * pr.top_k;
+  if (edges > kInt32Max)
+    limit_error("top_k", "batch * proxy_heads * seqlen * top_k below 2^31",
+                std::to_string(edges));
+}
+
+inline void check_workspace_pointer(const void* data) {
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  if (data == nullptr || address % 256 != 0)
+    throw Error("flash_msa: workspace: expected a non-null 256-byte aligned pointer, got " +
+                std::to_string(address));
+}
+
 // sizing_function names the public call that returns the size the caller should have asked for.
 inline void check_workspace_bytes(size_t got, size_t needed, const char* sizing_function) {
   if (got < needed)

@@ -1,29 +1,24 @@
-// Portable (mma.sync) MSA backward, sparse and warmup (SPEC sections 4, 5).
+// Portable (mma.sync) dense MSA backward: warmup mode (SPEC section 5, the section 4 formulas
+// over every visible key). The sparse mode runs key-block-outer (sparse_kernel.cuh).
 //
 // Design: deterministic by construction, with no floating-point atomics anywhere, so
-// BackwardParams::deterministic costs nothing (both modes run the same kernels and are bitwise
-// reproducible run to run). Four kernels on the caller's stream:
+// BackwardParams::deterministic costs nothing (runs are bitwise reproducible). Four kernels on
+// the caller's stream:
 //  1. delta: Delta(h, i) = <o, dO> in fp32 into the workspace.
 //  2. dq/dqp, query-outer (as the forward): one warp per (b, proxy head p, token i) owns a
-//     16-row MMA tile of the G heads of the group (the token's selection is shared by them) and
-//     walks the token's attended 32-key tiles: S = Q K^T, P = exp(scale*S - lse),
-//     dP = dO V^T, dS = P (dP - Delta), dQ += dS K in registers; the proxy row (row 0 of a
-//     padded tile) gets t = mean over the G rows of P, pp = exp(proxy_scale*Sp - lse_p),
-//     g = w (pp - t) / (B*Hp*S), dqp += g Kp. Each dq/dqp row is written exactly once.
-//  3. dk/dv/dkp, key-outer (MSA paper sec. 4.2/4.3): one CTA per (b, p, key block n) keeps the
-//     block's K, V, Kp in shared memory, warp w owning keys 16w..16w+15, and builds the bucket
-//     of queries that attend block n on the fly: it scans the tokens i >= 128 n in windows of
-//     256 and tests membership in i's index row (warmup: visibility alone), compacting members
-//     in token order with ballots (a deterministic order for free, and no reverse-index
-//     workspace). Per 16 member tokens and per head h of the group it computes the transposed
-//     tiles S^T = K Q^T and dP^T = V dO^T (keys as MMA rows, so P^T and dS^T are already the
-//     A operands of dV += P^T dO and dK += dS^T Q, accumulated in registers); t^T is the sum of
-//     P^T over the heads, and dKp += g^T qp accumulates in fp32 shared memory (registers are
-//     taken by dK/dV). The CTA writes its partial dk/dv/dkp of proxy head p once.
-//     The membership scan costs O(S * K) index reads per block, i.e. S^2 K / 128 per head (an
-//     estimated ~1% of the math at S = 128K); a device-built reverse index (counts, scan, fill) and
-//     chunking of large buckets across CTAs (load balance: early blocks are selected by many
-//     queries) are the next steps for speed.
+//     16-row MMA tile of the G heads of the group and walks the token's visible 32-key tiles:
+//     S = Q K^T, P = exp(scale*S - lse), dP = dO V^T, dS = P (dP - Delta), dQ += dS K in
+//     registers; the proxy row (row 0 of a padded tile) gets t = mean over the G rows of P,
+//     pp = exp(proxy_scale*Sp - lse_p), g = w (pp - t) / (B*Hp*S), dqp += g Kp. Each dq/dqp row
+//     is written exactly once.
+//  3. dk/dv/dkp, key-outer: one CTA per (b, p, key block n) keeps the block's K, V, Kp in shared
+//     memory, warp w owning keys 16w..16w+15, and walks the tokens that see block n (from
+//     128 n to the end of the documents the block overlaps) in windows of 256, compacted in
+//     token order with ballots. Per 16 tokens and per head h of the group it computes the
+//     transposed tiles S^T = K Q^T and dP^T = V dO^T (keys as MMA rows, so P^T and dS^T are
+//     already the A operands of dV += P^T dO and dK += dS^T Q, accumulated in registers); t^T is
+//     the sum of P^T over the heads, and dKp += g^T qp accumulates in fp32 shared memory
+//     (registers are taken by dK/dV). The CTA writes its partial dk/dv/dkp of proxy head p once.
 //  4. reduce: dk/dv of kv head c = sum of the partials of the proxy heads inside kv group c,
 //     dkp of proxy key head c = sum over its proxy heads, in a fixed order, cast to the dtype.
 // Shared memory at D = Dp = 128: 144 KiB per dq CTA, 174 KiB per dk/dv CTA (more than sm_80's
@@ -39,6 +34,7 @@
 #include "cuda/backward/sm80/backward_sm80.h"
 #include "cuda/common/check.h"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/tile_sm80.cuh"
 
 namespace flash_msa::cuda::sm80::backward {
 
@@ -50,14 +46,6 @@ inline constexpr int kKvWarps = kBlockKeys / 16;  // key-outer: one warp per 16 
 inline constexpr int kKvThreads = kKvWarps * 32;
 inline constexpr int kGroupTokens = 16;  // key-outer: member tokens per MMA step
 inline constexpr float kLog2e = 1.4426950408889634f;
-
-// XOR swizzle of the 16-byte chunks of a row so that ldmatrix (8 rows, same logical chunk)
-// hits distinct banks.
-template <int kRowChunks>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  constexpr int kMask = (kRowChunks < 8 ? kRowChunks : 8) - 1;
-  return row * kRowChunks + (chunk ^ (row & kMask));
-}
 
 // A operand (row-major 16 x 16, rows row0.., k-step ks) from a swizzled [rows, C] tile.
 template <int kRowChunks, class T>
@@ -121,15 +109,6 @@ __device__ __forceinline__ int doc_start_of(const int32_t* cu, int num_docs, int
       hi = mid - 1;
   }
   return max(__ldg(cu + lo) - b * seqlen, 0);
-}
-
-// Whether index entry n is usable for a query in block `own` whose document starts at
-// doc_start, given the last accepted entry `prev` (entries are ascending; out-of-range, future,
-// repeated or out-of-order entries and blocks wholly before the document are skipped, exactly
-// as the forward walks them).
-__device__ __forceinline__ bool usable_block(int n, int prev, int own, int num_blocks,
-                                             int doc_start) {
-  return n >= 0 && n < num_blocks && n <= own && n > prev && (n + 1) * kBlockKeys > doc_start;
 }
 
 // Copies `rows` rows of C channels from base + r * stride into a swizzled tile; rows >= valid
@@ -245,17 +224,7 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   const T* kbase = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const T* vbase = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   const T* kpbase = static_cast<const T*>(p.kp) + b * p.kp_stride_b + pkh * p.kp_stride_h;
-  const int32_t* idx =
-      p.indices ? p.indices + ((int64_t(b) * p.proxy_heads + pr) * p.seqlen + i) * p.top_k
-                : nullptr;
-  const int first_block = ds / kBlockKeys;
-  const int count = idx ? p.top_k : own - first_block + 1;
-
-  int prev = -1;
-  for (int pos = 0; pos < count; ++pos) {
-    const int n = idx ? __ldg(idx + pos) : first_block + pos;
-    if (!usable_block(n, prev, own, p.num_blocks, ds)) continue;
-    prev = n;
+  for (int n = ds / kBlockKeys; n <= own; ++n) {
     for (int sub = 0; sub < kSubTiles; ++sub) {
       const int key0 = n * kBlockKeys + sub * kTileKeys;
       if (key0 > i || key0 + kTileKeys <= ds) continue;
@@ -469,25 +438,7 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
     int ds = 0;
     if (tok < p.seqlen) {
       ds = doc_start_of(p.cu_seqlens, p.num_docs, b, tok, p.seqlen);
-      if (key_base + kBlockKeys > ds) {
-        if (p.indices == nullptr) {
-          member = true;
-        } else {
-          const int32_t* idx =
-              p.indices + ((int64_t(b) * p.proxy_heads + pr) * p.seqlen + tok) * p.top_k;
-          const int own = tok / kBlockKeys;
-          int prev = -1;
-          for (int k = 0; k < p.top_k; ++k) {
-            const int e = __ldg(idx + k);
-            if (!usable_block(e, prev, own, p.num_blocks, ds)) continue;
-            prev = e;
-            if (e >= n) {
-              member = e == n;
-              break;
-            }
-          }
-        }
-      }
+      member = key_base + kBlockKeys > ds;
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, member);
     if (lane == 0) warp_count[warp] = __popc(ballot);

@@ -1,4 +1,4 @@
-// Kernel-private parameters of the portable MSA backward (sparse and warmup) and its launchers,
+// Kernel-private parameters of the portable dense (warmup) MSA backward and its launchers,
 // explicitly instantiated per dtype (backward_bf16.cu, backward_fp16.cu) for the supported
 // (D, Dp) pairs.
 #pragma once
@@ -39,7 +39,6 @@ struct BackwardKernelParams {
   const float* lse;           // [B, H, S] contiguous
   const float* lse_proxy;     // [B, Hp, S] contiguous
   const float* kl_grad;       // [1] upstream gradient w of kl; null: w = 0
-  const int32_t* indices;     // [B, Hp, S, K] contiguous; null: warmup (every visible block)
   const int32_t* cu_seqlens;  // [num_docs + 1] offsets over B*S tokens; null: one doc per row
   float* delta;               // workspace [B, H, S]: <out, dout> per (head, token)
   float* dk_part;             // workspace [B, Hp, S, D]: dk of the heads of one proxy group
@@ -50,7 +49,6 @@ struct BackwardKernelParams {
   int group;          // G = H / Hp main heads per proxy head (<= 16: one 16-row MMA tile)
   int kv_group;       // H / Hk main heads per kv head
   int proxy_group;    // Hp / Hpk proxy heads per proxy key head
-  int top_k;          // K slots per index row
   int num_blocks;     // NB = ceil(S / 128)
   float scale;        // main softmax scale
   float proxy_scale;  // proxy score scale

@@ -1,28 +1,15 @@
-// Portable (mma.sync) main attention forward of MSA, sparse and warmup (SPEC sections 2, 3, 5).
+// Portable (mma.sync) dense main attention forward of MSA: warmup mode (SPEC sections 2, 3, 5
+// with T(p, i) = every visible key). The sparse mode runs key-block-outer (sparse_kernel.cuh).
 //
-// Design: Q-outer. All G = H / Hp main heads of one query token share that token's selection,
-// so one warp owns one (batch, proxy head, token): its 16-row MMA tile holds the G heads
-// (rows G..15 zero and inactive when G < 16) and it walks the token's selected blocks (sparse:
-// the index row; warmup: every block from the token's document start to its own block) in
-// 32-key tiles with an online softmax in fp32 (exp2 of log2(e)-prescaled scores). No reverse
-// index, no partial-output buffer and no merge pass are needed, and the output of each query is
-// written exactly once.
-//
-// The KV-outer alternative (MSA paper sec. 4.2: for each key block, gather the queries that
-// selected it into full 64/128-row MMA tiles) raises the FLOP/byte of K/V traffic from ~G to
-// ~85, but each query then receives K partial outputs that must be buffered (O_buf of
-// K x D per query head) and merged by log-sum-exp in a second pass, and it needs a reverse
-// index (block -> queries) built from the selection. That is the later Hopper (sm90) path; this
-// portable kernel trades arithmetic intensity for simplicity and relies on L2: consecutive
-// tokens of one proxy head (the warps of one CTA) select heavily overlapping blocks.
-//
+// Design: query-outer. All G = H / Hp main heads of a proxy group attend the same keys, so one
+// warp owns one (batch, proxy head, token): its 16-row MMA tile holds the G heads (rows G..15
+// zero and inactive when G < 16) and it walks every block from the token's document start to its
+// own block in 32-key tiles with an online softmax in fp32 (exp2 of log2(e)-prescaled scores).
 // Each warp has its own double-buffered K/V/Kp tiles in shared memory (cp.async, zero-filled
 // past the causal horizon), so warps never wait for each other.
 //
 // Proxy log-sum-exp: the proxy query of the token is row 0 of a second 16-row tile against the
-// proxy keys of the same 32-key tiles (rows 1..15 zero). This padded tile costs Dp/(2D) of the
-// main work; packing 16 tokens' proxy rows into one tile would remove that, at the price of a
-// walk over the union of their selections. Correctness first.
+// proxy keys of the same 32-key tiles (rows 1..15 zero).
 //
 // KL (only when asked, so it costs nothing otherwise): a second walk over the same tiles with
 // the final lse of every head: teacher t_j = (1/G) sum_h exp(a_hj - lse_h) (a column sum over
@@ -37,6 +24,8 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/tile_sm80.cuh"
+#include "cuda/common/warp_reduce.cuh"
 #include "cuda/forward/sm80/forward_sm80.h"
 
 namespace flash_msa::cuda::sm80 {
@@ -59,42 +48,23 @@ struct ForwardConfig {
   static constexpr int kSmemBytes = kWarps * kWarpBytes;
 };
 
-// XOR swizzle of the 16-byte chunks of a row so that ldmatrix (8 rows, same logical chunk)
-// hits distinct banks.
-template <int kRowChunks>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  constexpr int kMask = (kRowChunks < 8 ? kRowChunks : 8) - 1;
-  return row * kRowChunks + (chunk ^ (row & kMask));
-}
-
-// The warp-uniform sequence of 32-key tiles of T(p, i) holding at least one visible key.
-// Sparse: index entries < 0, >= NB, in the future, or not above the previous valid entry
-// (indices are ascending; this also drops duplicates) are skipped.
+// The warp-uniform sequence of 32-key tiles, from the token's document start to the token, that
+// hold at least one visible key.
 struct TileWalk {
-  const int32_t* idx;  // the token's index row; null: warmup
-  int count;           // index slots, or number of blocks in warmup
-  int first_block, own_block, num_blocks, doc_start, query;
-  int pos = 0, block = -1, sub = 0, prev = -1;
-
-  __device__ int block_at(int p) const { return idx ? __ldg(idx + p) : first_block + p; }
+  int block, last_block, doc_start, query;
+  int sub = 0;
 
   // First key of the next tile, or -1 when the walk is done.
   __device__ int next() {
-    while (true) {
-      if (block < 0) {
-        if (pos >= count) return -1;
-        const int n = block_at(pos++);
-        if (n < 0 || n >= num_blocks || n > own_block || n <= prev ||
-            (n + 1) * kBlockKeys <= doc_start)
-          continue;
-        prev = n;
-        block = n;
-        sub = 0;
-      }
+    while (block <= last_block) {
       const int key0 = block * kBlockKeys + sub * kTileKeys;
-      if (++sub == kSubTiles) block = -1;
+      if (++sub == kSubTiles) {
+        sub = 0;
+        ++block;
+      }
       if (key0 <= query && key0 + kTileKeys > doc_start) return key0;
     }
+    return -1;
   }
 };
 
@@ -152,16 +122,6 @@ __device__ __forceinline__ void scores(float (&s)[4][4], const uint32_t (&a)[kC 
       mma_16x8x16<T>(s[2 * np + 1], a[ks], b1);
     }
   }
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // Scales scores to the log2 domain and masks keys outside [doc_start, query] to -inf.
@@ -251,15 +211,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   load_a_fragments<T, kDp>(qpf, r_lo == 0 ? qp : nullptr, nullptr, lane);
 
   const int64_t row = (int64_t(b) * p.proxy_heads + ph) * p.seqlen + query;
-  const int own_block = query / kBlockKeys;
-  const int first_block = doc_start / kBlockKeys;
-  const TileWalk walk0{p.indices ? p.indices + row * p.top_k : nullptr,
-                       p.indices ? p.top_k : own_block - first_block + 1,
-                       first_block,
-                       own_block,
-                       p.num_blocks,
-                       doc_start,
-                       query};
+  const TileWalk walk0{doc_start / kBlockKeys, query / kBlockKeys, doc_start, query};
 
   auto load_stage = [&](int stage, int key0, bool with_v) {
     T* st = warp_smem + stage * Cfg::kStageElems;
@@ -337,8 +289,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   const float l_hi = quad_sum(l[1]);
   const float lp_row0 = quad_sum(lp[0]);
   constexpr float kLn2 = 0.6931471805599453f;
-  // log2-domain lse of each row; T is never empty for valid input, and an empty walk (corrupt
-  // indices) gives a zero output and lse = -inf instead of NaN.
+  // log2-domain lse of each row; the walk always holds the token itself, so l > 0.
   const float lse2_lo = m[0] + __log2f(l_lo);
   const float lse2_hi = m[1] + __log2f(l_hi);
   const float lse2_p = mp[0] + __log2f(lp_row0);

@@ -1,4 +1,4 @@
-// Kernel-private parameters of the portable main-attention forward (sparse and warmup) and its
+// Kernel-private parameters of the portable dense (warmup) main-attention forward and its
 // launchers, explicitly instantiated per dtype (forward_bf16.cu, forward_fp16.cu) for the
 // supported (D, Dp) pairs.
 #pragma once
@@ -27,15 +27,12 @@ struct ForwardKernelParams {
   float* lse;                 // [B, H, S] contiguous
   float* lse_proxy;           // [B, Hp, S] contiguous
   float* kl_partial;          // [B, Hp, S] per-(query, proxy head) KL terms; null: no KL pass
-  const int32_t* indices;     // [B, Hp, S, K] contiguous; null: warmup (every visible block)
   const int32_t* cu_seqlens;  // [num_docs + 1] offsets over B*S tokens; null: one doc per row
   int num_docs;
   int batch, seqlen, heads, proxy_heads;
   int group;               // G = H / Hp main heads per proxy head (<= 16: one 16-row MMA tile)
   int kv_group;            // H / Hk main heads per kv head
   int proxy_group;         // Hp / Hpk proxy heads per proxy key head
-  int top_k;               // K slots per index row
-  int num_blocks;          // NB = ceil(S / 128)
   float scale_log2;        // scale * log2(e)
   float proxy_scale_log2;  // proxy_scale * log2(e)
 };

@@ -1,0 +1,172 @@
+// Memory-bound passes of the sparse backward around the key-block-outer kernels: Delta, the
+// per-token sums of dQ / dQp partials over the token's slots, the per-key sums of dK / dV / dKp
+// partials over a block's items, and the final scaled stores. Every sum runs in a fixed order,
+// so the gradients are bitwise reproducible.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/backward/sm80/sparse_sm80.h"
+#include "cuda/common/check.h"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/schedule/edges.cuh"
+
+namespace flash_msa::cuda::sm80 {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t threads) {
+  return static_cast<unsigned>((threads + kThreads - 1) / kThreads);
+}
+
+// One warp per (b, h, i) row: lanes stride over the row's 2-element pairs.
+template <class T>
+__global__ void __launch_bounds__(kThreads) delta_kernel(const DeltaParams p) {
+  const int64_t row = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= int64_t(p.batch) * p.heads * p.seqlen) return;
+  const int i = static_cast<int>(row % p.seqlen);
+  const int64_t bh = row / p.seqlen;
+  const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+  const T* o = static_cast<const T*>(p.out) + b * p.out_stride_b + h * p.out_stride_h + i * p.out_stride_s;
+  const T* d = static_cast<const T*>(p.dout) + b * p.dout_stride_b + h * p.dout_stride_h + i * p.dout_stride_s;
+  float sum = 0.f;
+  for (int c = 2 * lane; c < p.head_dim; c += 64) {
+    const float2 x = Elem<T>::unpack(*reinterpret_cast<const uint32_t*>(o + c));
+    const float2 y = Elem<T>::unpack(*reinterpret_cast<const uint32_t*>(d + c));
+    sum += x.x * y.x + x.y * y.y;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) p.delta[row] = sum;
+}
+
+// One thread per 4 columns of one (b, p, token, g) row.
+template <class T>
+__global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceParams p) {
+  const int quads = p.width / 4, tokens = p.chunk_end - p.chunk_begin;
+  int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (x >= int64_t(p.batch) * p.proxy_heads * tokens * p.rows * quads) return;
+  const int c = static_cast<int>(x % quads) * 4;
+  x /= quads;
+  const int g = static_cast<int>(x % p.rows);
+  x /= p.rows;
+  const int t = static_cast<int>(x % tokens);
+  const int64_t bp = x / tokens;
+  const int b = static_cast<int>(bp / p.proxy_heads), ph = static_cast<int>(bp % p.proxy_heads);
+  const int i = p.chunk_begin + t;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.part) {
+    const uint64_t slots = schedule::valid_slots(
+        p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
+        __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
+    const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;
+    for (uint64_t s = slots; s; s &= s - 1) {
+      const float4 v = *reinterpret_cast<const float4*>(
+          p.part + ((ce0 + __ffsll(s) - 1) * p.rows + g) * p.width + c);
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+  }
+  T* dst = static_cast<T*>(p.dst) + b * p.dst_stride_b + (int64_t(ph) * p.rows + g) * p.dst_stride_h +
+           i * p.dst_stride_s + c;
+  *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(p.scale * acc.x, p.scale * acc.y);
+  *reinterpret_cast<uint32_t*>(dst + 2) = Elem<T>::pack(p.scale * acc.z, p.scale * acc.w);
+}
+
+// One thread per 4 columns of one (b, c, key) row of the accumulator.
+__global__ void __launch_bounds__(kThreads) keys_reduce_kernel(const KeysReduceParams p) {
+  const int quads = p.width / 4;
+  int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (x >= int64_t(p.batch) * p.out_heads * p.seqlen * quads) return;
+  const int col = static_cast<int>(x % quads) * 4;
+  x /= quads;
+  const int j = static_cast<int>(x % p.seqlen);
+  const int64_t bc = x / p.seqlen;
+  const int b = static_cast<int>(bc / p.out_heads), c = static_cast<int>(bc % p.out_heads);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  bool any = false;
+  for (int ph = c * p.heads_per_out; ph < (c + 1) * p.heads_per_out; ++ph) {
+    const int64_t bucket = (int64_t(b) * p.proxy_heads + ph) * p.num_blocks + j / 128;
+    const int end = __ldg(p.items.item_begin + bucket + 1);
+    for (int item = __ldg(p.items.item_begin + bucket); item < end; ++item) {
+      const float4 v = *reinterpret_cast<const float4*>(
+          p.part + (int64_t(item) * 128 + j % 128) * p.width + col);
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+      any = true;
+    }
+  }
+  if (!any) return;
+  float4* dst = reinterpret_cast<float4*>(p.acc + (bc * p.seqlen + j) * p.width + col);
+  float4 d = *dst;
+  d.x += acc.x;
+  d.y += acc.y;
+  d.z += acc.z;
+  d.w += acc.w;
+  *dst = d;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStoreParams p) {
+  const int quads = p.width / 4;
+  int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (x >= int64_t(p.batch) * p.heads * p.seqlen * quads) return;
+  const int col = static_cast<int>(x % quads) * 4;
+  const int64_t row = x / quads;
+  const int j = static_cast<int>(row % p.seqlen);
+  const int64_t bh = row / p.seqlen;
+  const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.acc) v = *reinterpret_cast<const float4*>(p.acc + row * p.width + col);
+  T* dst = static_cast<T*>(p.dst) + b * p.dst_stride_b + h * p.dst_stride_h + j * p.dst_stride_s + col;
+  *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(p.scale * v.x, p.scale * v.y);
+  *reinterpret_cast<uint32_t*>(dst + 2) = Elem<T>::pack(p.scale * v.z, p.scale * v.w);
+}
+
+}  // namespace
+
+template <class T>
+void launch_delta(const DeltaParams& params, cudaStream_t stream) {
+  delta_kernel<T><<<blocks_for(int64_t(params.batch) * params.heads * params.seqlen * 32),
+                    kThreads, 0, stream>>>(params);
+  FLASH_MSA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_rows_reduce(const RowsReduceParams& params, cudaStream_t stream) {
+  const int64_t threads = int64_t(params.batch) * params.proxy_heads *
+                          (params.chunk_end - params.chunk_begin) * params.rows * (params.width / 4);
+  rows_reduce_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(params);
+  FLASH_MSA_CHECK_LAUNCH();
+}
+
+void launch_keys_reduce(const KeysReduceParams& params, cudaStream_t stream) {
+  const int64_t threads =
+      int64_t(params.batch) * params.out_heads * params.seqlen * (params.width / 4);
+  keys_reduce_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(params);
+  FLASH_MSA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_keys_store(const KeysStoreParams& params, cudaStream_t stream) {
+  const int64_t threads = int64_t(params.batch) * params.heads * params.seqlen * (params.width / 4);
+  keys_store_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(params);
+  FLASH_MSA_CHECK_LAUNCH();
+}
+
+#define FLASH_MSA_INSTANTIATE(T)                                                   \
+  template void launch_delta<T>(const DeltaParams&, cudaStream_t);                 \
+  template void launch_rows_reduce<T>(const RowsReduceParams&, cudaStream_t);      \
+  template void launch_keys_store<T>(const KeysStoreParams&, cudaStream_t);
+FLASH_MSA_INSTANTIATE(__nv_bfloat16)
+FLASH_MSA_INSTANTIATE(__half)
+#undef FLASH_MSA_INSTANTIATE
+
+}  // namespace flash_msa::cuda::sm80

@@ -1,0 +1,95 @@
+// Kernel-private parameters and launchers of the portable sparse backward (key-block-outer, see
+// sparse_kernel.cuh) and of its reductions (sparse_reduce.cu), explicitly instantiated per dtype
+// (sparse_bf16.cu, sparse_fp16.cu) for D in {32, 64, 128}. One launch covers one token chunk;
+// edges and items are numbered as in the forward (forward/sm80/sparse_sm80.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/schedule/schedule.h"
+
+namespace flash_msa::cuda::sm80 {
+
+struct SparseBackwardParams {
+  const void* q;  // [B, H, S, D] strided, 16-byte aligned rows (likewise k, v, dout)
+  int64_t q_stride_b, q_stride_h, q_stride_s;
+  const void* k;  // [B, Hk, S, D]
+  int64_t k_stride_b, k_stride_h, k_stride_s;
+  const void* v;  // [B, Hk, S, D]; unused in teacher mode
+  int64_t v_stride_b, v_stride_h, v_stride_s;
+  const void* dout;  // [B, H, S, D]; unused in teacher mode
+  int64_t dout_stride_b, dout_stride_h, dout_stride_s;
+  schedule::Index index;
+  schedule::Items items;
+  const float* lse;    // [B, H, S] natural log, from the forward
+  const float* delta;  // [B, H, S] <out, dout>; unused in teacher mode
+  float* dq_part;      // [chunk edges, G, D] dS K of the block (unscaled); unused in teacher mode
+  float* teacher;      // [chunk edges, 128] mean over the group's heads of P; null: not needed
+  float* dk_part;      // [items, 128, D] dS^T Q of the item (unscaled); unused in teacher mode
+  float* dv_part;      // [items, 128, D] P^T dO of the item; unused in teacher mode
+  int chunk_begin, chunk_tokens;
+  int seqlen, heads, proxy_heads, group, kv_group, top_k, num_blocks, buckets;
+  float scale_log2;  // scale * log2(e)
+};
+
+// kTeacherOnly: only P and the teacher rows (the KL value of the forward needs them).
+template <class T, int kD, bool kTeacherOnly>
+void launch_sparse_backward(const SparseBackwardParams& params, cudaStream_t stream);
+
+// ---- reductions (sparse_reduce.cu) ----
+
+// delta[b, h, i] = <out[b, h, i], dout[b, h, i]> in fp32.
+struct DeltaParams {
+  const void* out;  // [B, H, S, D] strided
+  int64_t out_stride_b, out_stride_h, out_stride_s;
+  const void* dout;  // [B, H, S, D] strided
+  int64_t dout_stride_b, dout_stride_h, dout_stride_s;
+  float* delta;  // [B, H, S]
+  int batch, heads, seqlen, head_dim;
+};
+
+// Per-edge partial rows of a chunk summed over each token's valid slots (slot order), scaled and
+// stored: dst[b, p * rows + g, i] = scale * sum_slots part[ce, g]. part null: zeros.
+struct RowsReduceParams {
+  const float* part;  // [chunk edges, rows, width]
+  void* dst;          // [B, Hp * rows, S, width] strided
+  int64_t dst_stride_b, dst_stride_h, dst_stride_s;
+  const int32_t* indices;    // [B, Hp, S, K]
+  const int32_t* doc_start;  // [B * S]
+  float scale;
+  int rows, width;  // rows per edge (G for dq, 1 for dqp), columns
+  int chunk_begin, chunk_tokens, chunk_end;
+  int batch, seqlen, proxy_heads, top_k;
+};
+
+// Per-item partial key rows of a chunk added into fp32 accumulators, for every key head c:
+// acc[b, c, j] += sum over the proxy heads p of c and the items of bucket (b, p, j / 128), in
+// order, of part[item, j % 128].
+struct KeysReduceParams {
+  const float* part;  // [items, 128, width]
+  float* acc;         // [B, out_heads, S, width]
+  schedule::Items items;
+  int width, out_heads, heads_per_out;  // proxy heads per key head
+  int batch, seqlen, proxy_heads, num_blocks;
+};
+
+// dst = scale * acc in the dtype; acc null: zeros.
+struct KeysStoreParams {
+  const float* acc;  // [B, heads, S, width]
+  void* dst;         // [B, heads, S, width] strided
+  int64_t dst_stride_b, dst_stride_h, dst_stride_s;
+  float scale;
+  int batch, heads, seqlen, width;
+};
+
+template <class T>
+void launch_delta(const DeltaParams& params, cudaStream_t stream);
+template <class T>
+void launch_rows_reduce(const RowsReduceParams& params, cudaStream_t stream);
+void launch_keys_reduce(const KeysReduceParams& params, cudaStream_t stream);
+template <class T>
+void launch_keys_store(const KeysStoreParams& params, cudaStream_t stream);
+
+}  // namespace flash_msa::cuda::sm80

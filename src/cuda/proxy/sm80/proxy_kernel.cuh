@@ -1,0 +1,247 @@
+// Portable (mma.sync) proxy branch over the selected blocks, key-block-outer: one CTA per work
+// item keeps block n's proxy keys Kp in shared memory and streams 64-token tiles of proxy
+// queries (one row per token: the proxy head is shared by the group), double-buffered.
+//   Sp = Qp Kp^T                      (8 warps as 4 x 2: 16 rows x 64 keys each)
+// then, by mode,
+//   kLse:  the log-sum-exp of the row's visible scores in the block (log2 domain), per edge;
+//   kKl:   sum over the block of t (log t - log pp), pp = exp(Sp - lse_proxy), per edge;
+//   kGrad: g = w (pp - t) / (B Hp S) in the dtype in shared memory, dQp_n = g Kp per edge
+//          (16 rows x Dp/2 per warp) and dKp += g^T Qp in registers (32 keys x Dp/2), stored
+//          per item.
+// t is the teacher per edge from the main backward kernel. Row quantities are combined across
+// the two warps of a row through shared memory. As in the main kernels nothing is accumulated
+// across CTAs, and the scale factors are applied by the reductions.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/common/check.h"
+#include "cuda/common/tile_sm80.cuh"
+#include "cuda/common/warp_reduce.cuh"
+#include "cuda/proxy/sm80/proxy_sm80.h"
+#include "cuda/schedule/edges.cuh"
+
+namespace flash_msa::cuda::sm80::proxy {
+
+inline constexpr int kThreads = 256;  // 8 warps
+inline constexpr int kRows = 64;      // tokens of a tile
+inline constexpr int kKeys = 128;     // keys of a block
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+template <int kDp>
+struct SharedMemory {  // element offsets: Kp, Qp[2], g; then the fp32 row exchange [2][2][64]
+  static constexpr int kKp = 0;
+  static constexpr int kQp = kKp + kKeys * kDp;
+  static constexpr int kG = kQp + 2 * kRows * kDp;
+  static constexpr int kExchange = (kG + kRows * kKeys) * 2;  // bytes
+  static constexpr int kBytes = kExchange + 2 * 2 * kRows * 4;
+};
+
+template <class T, int kDp, ProxyMode kMode>
+__global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p) {
+  using Smem = SharedMemory<kDp>;
+  constexpr bool kGrad = kMode == ProxyMode::kGrad;
+  constexpr int kHalfDp = kDp / 2;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* const smem = reinterpret_cast<T*>(smem_raw);
+  T* s_kp = smem + Smem::kKp;
+  T* s_g = smem + Smem::kG;
+  float(*exchange)[2][kRows] = reinterpret_cast<float(*)[2][kRows]>(smem_raw + Smem::kExchange);
+
+  schedule::Item item;
+  if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp / 2, wn = warp % 2;
+  const int b = item.bp / p.proxy_heads, ph = item.bp % p.proxy_heads;
+  const int key0 = item.block * kKeys;
+  const T* kp = static_cast<const T*>(p.kp) + b * p.kp_stride_b + (ph / p.proxy_group) * p.kp_stride_h;
+  const T* qp = static_cast<const T*>(p.qp) + b * p.qp_stride_b + ph * p.qp_stride_h;
+  const uint64_t* entries = p.index.entries;
+  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
+  const float coef = kGrad ? __ldg(p.kl_grad) * p.inv_rows : 0.f;
+
+  copy_rows_async<kKeys, kDp, kThreads>(
+      s_kp, [&](int r) { return key0 + r < p.seqlen ? kp + (key0 + r) * p.kp_stride_s : nullptr; },
+      kp);
+  cp_async_commit();
+  auto load_tile = [&](int e0, int buf) {
+    copy_rows_async<kRows, kDp, kThreads>(
+        smem + Smem::kQp + buf * kRows * kDp,
+        [&](int r) -> const T* {
+          return e0 + r < item.end
+                     ? qp + schedule::entry_token(entries[e0 + r]) * p.qp_stride_s
+                     : nullptr;
+        },
+        qp);
+    cp_async_commit();
+  };
+  load_tile(item.begin, 0);
+
+  float dkp[2][kHalfDp / 8][4];
+  if (kGrad) zero(dkp);
+
+  int buf = 0;
+  for (int e0 = item.begin; e0 < item.end; e0 += kRows, buf ^= 1) {
+    cp_async_wait<0>();
+    __syncthreads();
+    if (e0 + kRows < item.end) load_tile(e0 + kRows, buf ^ 1);
+    const T* s_qp = smem + Smem::kQp + buf * kRows * kDp;
+    const int live_rows = min(kRows, item.end - e0);
+
+    // Rows 16 wm + 8 h + lane / 4 of Sp.
+    int query[2], first[2];
+    int64_t edge[2];
+    float lse2[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * wm + 8 * h + lane / 4;
+      query[h] = -1;  // no visible key
+      first[h] = INT_MAX;
+      edge[h] = 0;
+      lse2[h] = 0.f;
+      if (r < live_rows) {
+        const uint64_t entry = entries[e0 + r];
+        query[h] = schedule::entry_token(entry);
+        first[h] = __ldg(doc_start + query[h]);
+        edge[h] = (int64_t(item.bp) * p.chunk_tokens + query[h] - p.chunk_begin) * p.top_k +
+                  schedule::entry_slot(entry);
+        if (kMode != ProxyMode::kLse) lse2[h] = __ldg(p.lse_proxy + int64_t(item.bp) * p.seqlen + query[h]) * kLog2e;
+      }
+    }
+
+    float s[1][8][4];
+    zero(s);
+    gemm_nt<T, 1, 8, kDp, kDp, kDp>(s, s_qp, 16 * wm, s_kp, 64 * wn, lane);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + 64 * wn + nt * 8 + 2 * (lane % 4) + (e & 1);
+        const bool visible = key <= query[e / 2] && key >= first[e / 2];
+        s[0][nt][e] = visible ? s[0][nt][e] * p.proxy_scale_log2 : -INFINITY;
+      }
+
+    if constexpr (kMode == ProxyMode::kLse) {
+      float m[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[0][nt][2 * h], s[0][nt][2 * h + 1]));
+        mx = quad_max(mx);
+        if (lane % 4 == 0) exchange[0][wn][16 * wm + 8 * h + lane / 4] = mx;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * wm + 8 * h + lane / 4;
+        m[h] = fmaxf(exchange[0][0][r], exchange[0][1][r]);
+        const float m_use = m[h] == -INFINITY ? 0.f : m[h];
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          sum += exp2f(s[0][nt][2 * h] - m_use) + exp2f(s[0][nt][2 * h + 1] - m_use);
+        sum = quad_sum(sum);
+        if (lane % 4 == 0) exchange[1][wn][r] = sum;
+      }
+      __syncthreads();
+      if (wn == 0 && lane % 4 == 0)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * wm + 8 * h + lane / 4;
+          const float sum = exchange[1][0][r] + exchange[1][1][r];
+          if (r < live_rows) p.lse_p_part[edge[h]] = sum > 0.f ? m[h] + __log2f(sum) : -INFINITY;
+        }
+    } else {
+      // The teacher of this lane's two columns per n-tile, for each of its rows.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * wm + 8 * h + lane / 4;
+        const float* t_row = p.teacher + edge[h] * kKeys;
+        float term = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const int col = 64 * wn + nt * 8 + 2 * (lane % 4);
+          float2 t = make_float2(0.f, 0.f);
+          if (r < live_rows) t = *reinterpret_cast<const float2*>(t_row + col);
+          const float tv[2] = {t.x, t.y};
+          float g[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = s[0][nt][2 * h + e];
+            if constexpr (kMode == ProxyMode::kKl) {
+              if (tv[e] > 0.f && x != -INFINITY) term += tv[e] * (__logf(tv[e]) - (x - lse2[h]) * kLn2);
+            } else {
+              g[e] = x == -INFINITY ? 0.f : coef * (exp2f(x - lse2[h]) - tv[e]);
+            }
+          }
+          if constexpr (kGrad) {
+            *reinterpret_cast<uint32_t*>(s_g + tile_offset<kKeys>(r, col & ~7) + (col & 7)) =
+                Elem<T>::pack(g[0], g[1]);
+          }
+        }
+        if constexpr (kMode == ProxyMode::kKl) {
+          term = quad_sum(term);
+          if (lane % 4 == 0) exchange[1][wn][r] = term;
+        }
+      }
+      __syncthreads();
+      if constexpr (kMode == ProxyMode::kKl) {
+        if (wn == 0 && lane % 4 == 0)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = 16 * wm + 8 * h + lane / 4;
+            if (r < live_rows) p.kl_part[edge[h]] = exchange[1][0][r] + exchange[1][1][r];
+          }
+      } else {
+        gemm_tn<T, 2, kHalfDp / 8, kRows, kKeys, kDp>(dkp, s_g, 32 * wm, s_qp, kHalfDp * wn, lane);
+        float dq[1][kHalfDp / 8][4];
+        zero(dq);
+        gemm_nn<T, 1, kHalfDp / 8, kKeys, kKeys, kDp>(dq, s_g, 16 * wm, s_kp, kHalfDp * wn, lane);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * wm + 8 * h + lane / 4;
+          if (r >= live_rows) continue;
+          float* dst = p.dqp_part + edge[h] * kDp + kHalfDp * wn + 2 * (lane % 4);
+#pragma unroll
+          for (int nt = 0; nt < kHalfDp / 8; ++nt)
+            *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
+        }
+      }
+    }
+  }
+
+  if constexpr (kGrad) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = 32 * wm + 16 * mt + 8 * h + lane / 4;
+        const int64_t at = (int64_t(blockIdx.x) * kKeys + key) * kDp + kHalfDp * wn + 2 * (lane % 4);
+#pragma unroll
+        for (int nt = 0; nt < kHalfDp / 8; ++nt)
+          *reinterpret_cast<float2*>(p.dkp_part + at + nt * 8) =
+              make_float2(dkp[mt][nt][2 * h], dkp[mt][nt][2 * h + 1]);
+      }
+  }
+}
+
+}  // namespace flash_msa::cuda::sm80::proxy
+
+namespace flash_msa::cuda::sm80 {
+
+template <class T, int kDp, ProxyMode kMode>
+void launch_proxy(const ProxyParams& params, cudaStream_t stream) {
+  constexpr int kBytes = proxy::SharedMemory<kDp>::kBytes;
+  const auto kernel = proxy::proxy_kernel<T, kDp, kMode>;
+  FLASH_MSA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  kernel<<<static_cast<unsigned>(params.items.max_items), proxy::kThreads, kBytes, stream>>>(params);
+  FLASH_MSA_CHECK_LAUNCH();
+}
+
+}  // namespace flash_msa::cuda::sm80

@@ -1,0 +1,57 @@
+// Device-side reading of the schedule, shared by the stage that builds it and the kernels that
+// walk it: which slots of an index row are edges, how entries pack, and which bucket and entry
+// range a work item covers.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/schedule/schedule.h"
+
+namespace flash_msa::cuda::schedule {
+
+// Bitmask of the valid slots of one index row (SPEC: ascending visible blocks; anything else
+// is skipped): first_block <= n <= own_block and n above the previous valid entry.
+__device__ __forceinline__ uint64_t valid_slots(const int32_t* row, int top_k, int own_block,
+                                                int first_block) {
+  uint64_t mask = 0;
+  int prev = -1;
+  for (int k = 0; k < top_k; ++k) {
+    const int n = __ldg(row + k);
+    if (n >= first_block && n <= own_block && n > prev) {
+      mask |= uint64_t(1) << k;
+      prev = n;
+    }
+  }
+  return mask;
+}
+
+__device__ __forceinline__ int entry_token(uint64_t entry) {
+  return static_cast<int>(static_cast<uint32_t>(entry) >> kSlotBits);
+}
+__device__ __forceinline__ int entry_slot(uint64_t entry) {
+  return static_cast<int>(static_cast<uint32_t>(entry) & ((1u << kSlotBits) - 1));
+}
+
+// A work item: entries [begin, end) of bucket (bp, block), bp = b * Hp + p.
+struct Item {
+  int bp, block, begin, end;
+};
+
+// Item `item` of a chunk, or false past the chunk's last item.
+__device__ __forceinline__ bool find_item(const Items& items, int buckets, int num_blocks,
+                                          int item, Item& out) {
+  if (item >= __ldg(items.item_begin + buckets)) return false;
+  int lo = 0, hi = buckets;  // item_begin[lo] <= item < item_begin[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (__ldg(items.item_begin + mid) <= item)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const int begin = __ldg(items.range_begin + lo) + (item - __ldg(items.item_begin + lo)) * kItemTokens;
+  out = {lo / num_blocks, lo % num_blocks, begin, min(begin + kItemTokens, __ldg(items.range_end + lo))};
+  return true;
+}
+
+}  // namespace flash_msa::cuda::schedule
