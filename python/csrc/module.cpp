@@ -1,6 +1,6 @@
 // The flash_msa._C Python module. flash_msa::Error derives from std::invalid_argument, which
-// pybind11 turns into ValueError with the message intact; TORCH_CHECK failures become
-// RuntimeError (TORCH_CHECK_VALUE: ValueError).
+// pybind11 turns into ValueError with the message intact; std::runtime_error becomes
+// RuntimeError.
 #include <torch/extension.h>
 
 #include "ops.h"

@@ -1,9 +1,10 @@
 #include "ops.h"
 
 #include <ATen/ops/empty.h>
-#include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "flash_msa/cpu.h"
 #include "flash_msa/msa.h"
@@ -18,14 +19,29 @@
 namespace flash_msa::torch_ext {
 namespace {
 
+// Messages are assembled from strings only: this module uses no iostreams (see
+// src/common/check.h), so neither TORCH_CHECK nor c10::str, which format through them.
+// flash_msa::Error reaches Python as ValueError.
+void check_value(bool ok, const std::string& message) {
+  if (!ok) throw Error(message);
+}
+
+std::string shape_str(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t x = 0; x < sizes.size(); ++x) s += (x ? ", " : "") + std::to_string(sizes[x]);
+  return s + "]";
+}
+
+std::string dtype_str(at::ScalarType t) { return c10::toString(t); }
+
 DType dtype_of(const at::Tensor& t, const char* name) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::kFloat32;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
     default:
-      TORCH_CHECK_VALUE(false, "flash_msa: ", name, ": expected float32, float16 or bfloat16, got ",
-                        t.scalar_type());
+      throw Error(std::string("flash_msa: ") + name +
+                  ": expected float32, float16 or bfloat16, got " + dtype_str(t.scalar_type()));
   }
 }
 
@@ -33,8 +49,8 @@ DType dtype_of(const at::Tensor& t, const char* name) {
 // (an expanded gradient such as that of out.sum(), say) is copied once. Other strides pass
 // through, so [B, S, H, D] token-major buffers need no copy.
 at::Tensor kernel_layout(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.dim() == 4, "flash_msa: ", name, ": expected a 4-D tensor, got ", t.dim(),
-                    "-D");
+  check_value(t.dim() == 4, std::string("flash_msa: ") + name + ": expected a 4-D tensor, got " +
+                               std::to_string(t.dim()) + "-D");
   const bool fits = t.stride(3) == 1 && t.stride(2) >= t.size(3);
   return fits ? t : t.clone(at::MemoryFormat::Contiguous);
 }
@@ -49,8 +65,9 @@ MutView mut_view(const at::Tensor& t) {
 
 // [B, S, H*D] token-major buffer seen as the logical [B, H, S, D] view of the C++ API.
 at::Tensor heads_view(const at::Tensor& t, int64_t heads, int64_t head_dim, const char* name) {
-  TORCH_CHECK_VALUE(t.dim() == 3 && t.size(2) == heads * head_dim, "flash_msa: ", name,
-                    ": expected [B, S, ", heads * head_dim, "], got ", t.sizes());
+  check_value(t.dim() == 3 && t.size(2) == heads * head_dim,
+              std::string("flash_msa: ") + name + ": expected [B, S, " +
+                  std::to_string(heads * head_dim) + "], got " + shape_str(t.sizes()));
   return t.unflatten(2, {heads, head_dim}).permute({0, 2, 1, 3});
 }
 
@@ -58,21 +75,22 @@ at::Tensor heads_view(const at::Tensor& t, int64_t heads, int64_t head_dim, cons
 bool on_cuda(const at::Tensor& t) {
   if (t.is_cuda()) {
 #ifndef FLASH_MSA_WITH_CUDA
-    TORCH_CHECK(false,
-                "flash_msa was built without CUDA kernels, so it cannot run on ", t.device(),
-                ". Rebuild with a CUDA toolkit whose major version matches torch's (torch.version."
-                "cuda) on the path and FLASH_MSA_CUDA unset: pip install --no-build-isolation .");
+    throw std::runtime_error(
+        "flash_msa was built without CUDA kernels, so it cannot run on " + t.device().str() +
+        ". Rebuild with a CUDA toolkit whose major version matches torch's (torch.version.cuda) "
+        "on the path and FLASH_MSA_CUDA unset: pip install --no-build-isolation .");
 #endif
     return true;
   }
-  TORCH_CHECK_VALUE(t.is_cpu(), "flash_msa: tensors must be on the CPU or a CUDA device, got ",
-                    t.device());
+  check_value(t.is_cpu(),
+              "flash_msa: tensors must be on the CPU or a CUDA device, got " + t.device().str());
   return false;
 }
 
 void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.device() == ref.device(), "flash_msa: ", name, ": expected device ",
-                    ref.device(), ", got ", t.device());
+  check_value(t.device() == ref.device(), std::string("flash_msa: ") + name +
+                                              ": expected device " + ref.device().str() +
+                                              ", got " + t.device().str());
 }
 
 // Fills the document layout of `problem`; the returned tensor keeps the offsets alive.
@@ -80,9 +98,9 @@ at::Tensor set_documents(Problem& problem, const std::optional<at::Tensor>& cu_s
                          const at::Tensor& ref) {
   if (!cu_seqlens) return {};
   const at::Tensor& cu = *cu_seqlens;
-  TORCH_CHECK_VALUE(cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.numel() >= 2,
-                    "flash_msa: cu_seqlens: expected a 1-D int32 tensor of at least 2 offsets, "
-                    "got ", cu.scalar_type(), " of shape ", cu.sizes());
+  check_value(cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.numel() >= 2,
+              "flash_msa: cu_seqlens: expected a 1-D int32 tensor of at least 2 offsets, got " +
+                  dtype_str(cu.scalar_type()) + " of shape " + shape_str(cu.sizes()));
   check_same_device(ref, cu, "cu_seqlens");
   at::Tensor contiguous = cu.contiguous();
   problem.cu_seqlens = contiguous.const_data_ptr<int32_t>();
@@ -109,27 +127,31 @@ Problem make_problem(const at::Tensor& qp, const at::Tensor& kp, const at::Tenso
 
 void check_like(const at::Tensor& t, const at::Tensor& ref, const char* name) {
   check_same_device(ref, t, name);
-  TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "flash_msa: ", name, ": expected dtype ",
-                    ref.scalar_type(), " (that of q), got ", t.scalar_type());
+  check_value(t.scalar_type() == ref.scalar_type(),
+              std::string("flash_msa: ") + name + ": expected dtype " +
+                  dtype_str(ref.scalar_type()) + " (that of q), got " + dtype_str(t.scalar_type()));
 }
 
 // User- or select-supplied indices [B, Hp, S, K] int32; returns the contiguous copy to keep alive.
 at::Tensor checked_indices(const at::Tensor& indices, const at::Tensor& qp) {
-  TORCH_CHECK_VALUE(indices.scalar_type() == at::kInt && indices.dim() == 4 &&
-                        indices.size(0) == qp.size(0) && indices.size(1) == qp.size(1) &&
-                        indices.size(2) == qp.size(2),
-                    "flash_msa: indices: expected int32 [", qp.size(0), ", ", qp.size(1), ", ",
-                    qp.size(2), ", K], got ", indices.scalar_type(), " ", indices.sizes());
+  check_value(indices.scalar_type() == at::kInt && indices.dim() == 4 &&
+                  indices.size(0) == qp.size(0) && indices.size(1) == qp.size(1) &&
+                  indices.size(2) == qp.size(2),
+              "flash_msa: indices: expected int32 [" + std::to_string(qp.size(0)) + ", " +
+                  std::to_string(qp.size(1)) + ", " + std::to_string(qp.size(2)) + ", K], got " +
+                  dtype_str(indices.scalar_type()) + " " + shape_str(indices.sizes()));
   check_same_device(qp, indices, "indices");
   return indices.contiguous();
 }
 
 at::Tensor checked_stats(const at::Tensor& t, const at::Tensor& ref, int64_t heads,
                          const char* name) {
-  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.dim() == 3 && t.size(0) == ref.size(0) &&
-                        t.size(1) == heads && t.size(2) == ref.size(2),
-                    "flash_msa: ", name, ": expected float32 [", ref.size(0), ", ", heads, ", ",
-                    ref.size(2), "], got ", t.scalar_type(), " ", t.sizes());
+  check_value(t.scalar_type() == at::kFloat && t.dim() == 3 && t.size(0) == ref.size(0) &&
+                  t.size(1) == heads && t.size(2) == ref.size(2),
+              std::string("flash_msa: ") + name + ": expected float32 [" +
+                  std::to_string(ref.size(0)) + ", " + std::to_string(heads) + ", " +
+                  std::to_string(ref.size(2)) + "], got " + dtype_str(t.scalar_type()) + " " +
+                  shape_str(t.sizes()));
   check_same_device(ref, t, name);
   return t.contiguous();
 }
@@ -246,8 +268,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   const at::Tensor lse_proxy = checked_stats(lse_proxy_in, q, qp.size(1), "lse_proxy");
   at::Tensor kl_grad;
   if (kl_grad_in) {
-    TORCH_CHECK_VALUE(kl_grad_in->numel() == 1, "flash_msa: kl_grad: expected one element, got ",
-                      kl_grad_in->sizes());
+    check_value(kl_grad_in->numel() == 1,
+                "flash_msa: kl_grad: expected one element, got " + shape_str(kl_grad_in->sizes()));
     check_same_device(q, *kl_grad_in, "kl_grad");
     kl_grad = kl_grad_in->to(at::kFloat).contiguous();
   }

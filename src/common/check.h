@@ -2,8 +2,9 @@
 // rely on "flash_msa: <argument>: expected <what>, got <what>".
 #pragma once
 
-#include <sstream>
+#include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "flash_msa/msa.h"
 
@@ -14,11 +15,18 @@ namespace flash_msa {
   throw Error("flash_msa: " + argument + ": expected " + expected + ", got " + got);
 }
 
+// Numbers in messages. No iostreams: their locale facets are process-wide state that an
+// extension module must not instantiate on its own (a copy of a facet id in the module picks
+// the wrong facet when the host process's C++ runtime differs, and crashes).
 template <class T>
-std::string str(const T& value) {
-  std::ostringstream os;
-  os << value;
-  return os.str();
+std::string str(T value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", static_cast<double>(value));
+    return buf;
+  } else {
+    return std::to_string(value);
+  }
 }
 
 }  // namespace flash_msa

@@ -141,24 +141,25 @@ void validate_indices_values(const Problem& problem, const int32_t* host_cu_seql
         const int32_t* row = host_indices + ((b * problem.proxy_heads + p) * S + i) * K;
         const int64_t own = i / kBlockSize;
         const int64_t first_visible = starts[static_cast<size_t>(b * S + i)] / kBlockSize;
-        const std::string at = " at " + row_name(b, p, i);
+        // The row's name is built only for a message: this loop runs over every row.
+        const auto at = [&] { return " at " + row_name(b, p, i); };
         int64_t x = 0;
         for (; x < K && row[x] != -1; ++x) {
           if (row[x] < 0 || row[x] > own)
-            fail("indices", "a block in [0, " + str(own) + "] or -1" + at, str(row[x]));
+            fail("indices", "a block in [0, " + str(own) + "] or -1" + at(), str(row[x]));
           if (row[x] < first_visible)
             fail("indices",
                  "a block holding a key of the query's document (blocks " + str(first_visible) +
-                     ".." + str(own) + ")" + at,
+                     ".." + str(own) + ")" + at(),
                  str(row[x]));
           if (x > 0 && row[x] <= row[x - 1])
-            fail("indices", "strictly ascending blocks" + at,
+            fail("indices", "strictly ascending blocks" + at(),
                  str(row[x]) + " after " + str(row[x - 1]));
         }
         for (int64_t y = x; y < K; ++y)
           if (row[y] != -1)
-            fail("indices", "-1 only after every valid block" + at, str(row[y]) + " after -1");
-        if (x == 0 || row[x - 1] != own) fail("indices", "the own block " + str(own) + at, "none");
+            fail("indices", "-1 only after every valid block" + at(), str(row[y]) + " after -1");
+        if (x == 0 || row[x - 1] != own) fail("indices", "the own block " + str(own) + at(), "none");
       }
 }
 

@@ -51,8 +51,11 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   const float lse2 = merge_lse2(p.lse_part + ce0 * p.group + g, p.group, slots);
 
   float acc[8] = {};
-  for (uint64_t s = slots; s; s &= s - 1) {
-    const int64_t row = (ce0 + __ffsll(s) - 1) * p.group + g;
+  // Independent iterations, unrolled so that several 16-byte loads are in flight.
+#pragma unroll 4
+  for (int k = 0; k < p.top_k; ++k) {
+    if (!((slots >> k) & 1)) continue;
+    const int64_t row = (ce0 + k) * p.group + g;
     const float w = exp2f(p.lse_part[row] - lse2);
     const uint4 v = reinterpret_cast<const uint4*>(static_cast<const T*>(p.o_part) + row * kD)[chunk];
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
