@@ -31,7 +31,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("proxy_scale"), py::arg("cu_seqlens"));
   m.def("forward", &ext::forward, no_gil, py::arg("qp"), py::arg("kp"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("indices"), py::arg("scale"), py::arg("proxy_scale"),
-        py::arg("cu_seqlens"));
+        py::arg("cu_seqlens"), py::arg("compute_kl"));
   m.def("backward", &ext::backward, no_gil, py::arg("dout"), py::arg("kl_grad"), py::arg("qp"),
         py::arg("kp"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"),
         py::arg("lse_proxy"), py::arg("indices"), py::arg("scale"), py::arg("proxy_scale"),

@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <cstdint>
 #include <stdexcept>
@@ -199,7 +200,8 @@ at::Tensor select(const at::Tensor& qp_in, const at::Tensor& kp_in, int64_t top_
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& qp_in, const at::Tensor& kp_in, const at::Tensor& q_in,
     const at::Tensor& k_in, const at::Tensor& v_in, const std::optional<at::Tensor>& indices_in,
-    double scale, double proxy_scale, const std::optional<at::Tensor>& cu_seqlens) {
+    double scale, double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
+    bool compute_kl) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy"), kp = kernel_layout(kp_in, "k_proxy");
   const at::Tensor q = kernel_layout(q_in, "q"), k = kernel_layout(k_in, "k"),
                    v = kernel_layout(v_in, "v");
@@ -218,7 +220,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   const at::TensorOptions f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = at::empty({B, H, S}, f32);
   at::Tensor lse_proxy = at::empty({B, qp.size(1), S}, f32);
-  at::Tensor kl = at::empty({}, f32);
+  // Without compute_kl, kl is 0: still the output whose gradient drives the proxy branch.
+  at::Tensor kl = compute_kl ? at::empty({}, f32) : at::zeros({}, f32);
   const ForwardParams params{.problem = problem,
                              .indices = warmup ? nullptr : indices.const_data_ptr<int32_t>(),
                              .qp = const_view(qp),
@@ -229,7 +232,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
                              .out = mut_view(out.permute({0, 2, 1, 3})),
                              .lse = lse.mutable_data_ptr<float>(),
                              .lse_proxy = lse_proxy.mutable_data_ptr<float>(),
-                             .kl = kl.mutable_data_ptr<float>()};
+                             .kl = compute_kl ? kl.mutable_data_ptr<float>() : nullptr};
   if (on_cuda(q)) {
 #ifdef FLASH_MSA_WITH_CUDA
     const c10::cuda::CUDAGuard guard(q.device());

@@ -18,12 +18,13 @@ at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k, dou
                   const std::optional<at::Tensor>& cu_seqlens);
 
 // Forward of both branches: sparse over `indices`, or dense (warmup) when `indices` is absent.
-// Returns out [B, S, H*D] (token-major, as Flash-MSA), kl (0-dim fp32), lse fp32 [B, H, S] and
-// lse_proxy fp32 [B, Hp, S]; the last two exist for the backward.
+// Returns out [B, S, H*D] (token-major, as Flash-MSA), kl (0-dim fp32: the KL value when
+// compute_kl, else 0), lse fp32 [B, H, S] and lse_proxy fp32 [B, Hp, S]; the last two exist for
+// the backward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& indices, double scale,
-    double proxy_scale, const std::optional<at::Tensor>& cu_seqlens);
+    double proxy_scale, const std::optional<at::Tensor>& cu_seqlens, bool compute_kl);
 
 // Backward over the cached selection (or dense when `indices` is absent). dout [B, S, H*D] is
 // the gradient of out; kl_grad (0-dim fp32, may be absent: weight 0) that of kl, read on the

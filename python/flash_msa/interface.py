@@ -151,10 +151,12 @@ def select_blocks(
     return ops.select(q_proxy, k_proxy, top_k_blocks, proxy_scale, cu_seqlens)
 
 
-def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic):
+def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic,
+               compute_kl):
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     out, kl, _, _ = ops.forward(
-        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(deterministic)
+        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(deterministic),
+        bool(compute_kl),
     )
     return out, kl
 
@@ -171,6 +173,7 @@ def sparse_attention(
     cu_seqlens: Optional[Tensor] = None,
     *,
     deterministic: bool = False,
+    compute_kl: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Main attention over given blocks plus the KL alignment loss (SPEC sections 2-4).
 
@@ -178,11 +181,13 @@ def sparse_attention(
     strictly ascending visible blocks that include the query's own block, then -1 padding
     (the CPU backend checks this and raises ValueError).
     Returns (out (B, S, H*D), kl 0-dim fp32), differentiable w.r.t. q, k, v (through out)
-    and q_proxy, k_proxy (through kl).
+    and q_proxy, k_proxy (through kl). ``compute_kl=False`` skips the KL value (kl is then 0
+    but still carries the proxy gradients; see docs/python.md for its cost).
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
     _check_indices(indices, q_proxy)
-    return _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic)
+    return _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens,
+                      deterministic, compute_kl)
 
 
 def flash_msa_func(
@@ -198,6 +203,7 @@ def flash_msa_func(
     *,
     return_kl: bool = True,
     deterministic: bool = False,
+    compute_kl: bool = True,
 ):
     """MiniMax Sparse Attention, Flash-MSA's call: select, then sparse attention + KL.
 
@@ -206,13 +212,17 @@ def flash_msa_func(
     blocks (K may exceed the number of blocks). Returns (out (B, S, H*D), kl_loss) where
     kl_loss is the true KL value (0-dim fp32); adding it to the loss trains the proxy, with
     gradients scaled by its upstream gradient. ``return_kl=False`` returns out alone.
+    ``compute_kl=False`` skips computing the KL value: kl_loss is then 0 (Flash-MSA's
+    placeholder) and still trains the proxy through its gradient; the value costs a second pass
+    over the selected blocks (docs/python.md gives the measured cost).
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < BLOCK_SIZE or top_k % BLOCK_SIZE:
         _fail(f"top_k: expected a positive multiple of {BLOCK_SIZE} tokens, got {top_k!r}")
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     indices = ops.select(q_proxy, k_proxy, top_k // BLOCK_SIZE, proxy, cu_seqlens)
-    out, kl = _attention(q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, deterministic)
+    out, kl = _attention(q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens,
+                         deterministic, compute_kl)
     return (out, kl) if return_kl else out
 
 
@@ -229,6 +239,7 @@ def flash_msa_warmup_func(
     *,
     return_kl: bool = True,
     deterministic: bool = False,
+    compute_kl: bool = True,
 ):
     """Warmup phase (SPEC section 5): dense causal attention, KL against the dense teacher.
 
@@ -236,5 +247,6 @@ def flash_msa_warmup_func(
     the two functions are interchangeable).
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
-    out, kl = _attention(q_proxy, k_proxy, q, k, v, None, scale, proxy_scale, cu_seqlens, deterministic)
+    out, kl = _attention(q_proxy, k_proxy, q, k, v, None, scale, proxy_scale, cu_seqlens,
+                         deterministic, compute_kl)
     return (out, kl) if return_kl else out

@@ -52,6 +52,7 @@ class MSAAttention(nn.Module):
         warmup: bool = False,
         bias: bool = False,
         deterministic: bool = False,
+        compute_kl: bool = True,
         device=None,
         dtype=None,
     ):
@@ -76,7 +77,7 @@ class MSAAttention(nn.Module):
         self.num_proxy_heads, self.num_proxy_kv_heads = num_proxy_heads, num_proxy_kv_heads
         self.proxy_head_dim = proxy_head_dim
         self.top_k, self.rope_base, self.warmup = top_k, rope_base, warmup
-        self.deterministic = deterministic
+        self.deterministic, self.compute_kl = deterministic, compute_kl
         factory = dict(device=device, dtype=dtype)
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
@@ -101,6 +102,6 @@ class MSAAttention(nn.Module):
         attend = flash_msa_warmup_func if self.warmup else flash_msa_func
         out, kl = attend(
             q_proxy, k_proxy, q, k, v, self.top_k, cu_seqlens=cu_seqlens,
-            deterministic=self.deterministic,
+            deterministic=self.deterministic, compute_kl=self.compute_kl,
         )
         return self.o_proj(out), kl

@@ -44,17 +44,20 @@ def forward(
     proxy_scale: float,
     cu_seqlens: Optional[Tensor],
     deterministic: bool,
+    compute_kl: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(out [B, S, H*D], kl 0-dim fp32, lse fp32 [B, H, S], lse_proxy fp32 [B, Hp, S]).
 
-    ``indices`` None runs warmup (dense). ``deterministic`` is not used by the forward; it is
-    an argument here so that the autograd formula can hand it to the backward.
+    ``indices`` None runs warmup (dense). ``kl`` holds the KL value when ``compute_kl``, else 0
+    (its gradient drives the proxy branch either way). ``deterministic`` is not used by the
+    forward; it is an argument here so that the autograd formula can hand it to the backward.
     """
-    return _C.forward(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens)
+    return _C.forward(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl)
 
 
 @forward.register_fake
-def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic):
+def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic,
+                  compute_kl):
     batch, heads, seqlen, head_dim = q.shape
     f32 = torch.float32
     return (
@@ -100,7 +103,7 @@ def _backward_fake(dout, kl_grad, qp, kp, q, k, v, *rest):
 
 
 def _forward_setup_context(ctx, inputs, output):
-    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic = inputs
+    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic, _ = inputs
     out, _, lse, lse_proxy = output
     ctx.save_for_backward(qp, kp, q, k, v, out, lse, lse_proxy, indices, cu_seqlens)
     ctx.scale = scale
@@ -126,7 +129,7 @@ def _forward_backward(ctx, dout, kl_grad, _dlse, _dlse_proxy):
         dq = dk = dv = None
     if kl_grad is None:
         dqp = dkp = None
-    return (dqp, dkp, dq, dk, dv, None, None, None, None, None)
+    return (dqp, dkp, dq, dk, dv, None, None, None, None, None, None)
 
 
 forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)

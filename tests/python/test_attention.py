@@ -13,18 +13,18 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def run_package(inputs: dict, shape: Shape, indices, scale=None, proxy_scale=None, kl_weight=1.0,
-                deterministic=False):
+                deterministic=False, compute_kl=True):
     """out, kl and the gradients of sum(out * dout) + kl_weight * kl through the public API."""
     leaves = {n: inputs[n].detach().clone().requires_grad_() for n in NAMES}
     args = [leaves[n] for n in NAMES]
     if indices is None:
         out, kl = flash_msa.flash_msa_warmup_func(
             *args, scale=scale, proxy_scale=proxy_scale, cu_seqlens=shape.cu(),
-            deterministic=deterministic)
+            deterministic=deterministic, compute_kl=compute_kl)
     else:
         out, kl = flash_msa.sparse_attention(
             *args, indices, scale=scale, proxy_scale=proxy_scale, cu_seqlens=shape.cu(),
-            deterministic=deterministic)
+            deterministic=deterministic, compute_kl=compute_kl)
     ((out * inputs["dout"]).sum() + kl_weight * kl).backward()
     return out, kl, {n: t.grad for n, t in leaves.items()}
 
@@ -32,7 +32,7 @@ def run_package(inputs: dict, shape: Shape, indices, scale=None, proxy_scale=Non
 def stats(inputs: dict, shape: Shape, indices, scale, proxy_scale):
     """lse and lse_proxy from the raw forward op."""
     _, _, lse, lse_proxy = flash_msa.ops.forward(
-        *(inputs[n] for n in NAMES), indices, scale, proxy_scale, shape.cu(), False)
+        *(inputs[n] for n in NAMES), indices, scale, proxy_scale, shape.cu(), False, True)
     return lse, lse_proxy
 
 
@@ -110,6 +110,21 @@ def test_kl_gradient_is_scaled_by_its_upstream_gradient():
         torch.testing.assert_close(g3[n], -3.0 * g1[n], rtol=1e-5, atol=1e-9)
     for n in ("q", "k", "v"):  # the main branch never sees the KL
         assert torch.equal(g0[n], g1[n]) and torch.equal(g0[n], g3[n])
+
+
+@pytest.mark.parametrize("mode", ["sparse", "warmup"])
+def test_skipping_the_kl_value_keeps_out_and_every_gradient(mode):
+    shape = SHAPES[3]
+    inputs = random_inputs(shape, torch.float32, seed=8)
+    indices = None
+    if mode == "sparse":
+        indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K, cu_seqlens=shape.cu())
+    out, kl, grads = run_package(inputs, shape, indices, kl_weight=2.0)
+    out0, kl0, grads0 = run_package(inputs, shape, indices, kl_weight=2.0, compute_kl=False)
+    assert kl.item() > 0 and kl0.item() == 0.0
+    assert torch.equal(out, out0)
+    for n in NAMES:
+        assert torch.equal(grads[n], grads0[n]), n
 
 
 @pytest.mark.parametrize("used", ["kl", "out"])

@@ -37,20 +37,22 @@ def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).norm() / expected.norm().clamp(min=1e-30)).item()
 
 
-def run(inputs: dict, shape: Shape, indices, device, kl_weight, deterministic=False):
+def run(inputs: dict, shape: Shape, indices, device, kl_weight, deterministic=False,
+        compute_kl=True):
     """out, kl, lse, lse_proxy and the gradients of sum(out * dout) + kl_weight * kl."""
     cu = shape.cu(device)
     leaves = {n: inputs[n].detach().to(device).requires_grad_() for n in NAMES}
     args = [leaves[n] for n in NAMES]
     if indices is None:
-        out, kl = flash_msa.flash_msa_warmup_func(*args, cu_seqlens=cu, deterministic=deterministic)
+        out, kl = flash_msa.flash_msa_warmup_func(*args, cu_seqlens=cu, deterministic=deterministic,
+                                                  compute_kl=compute_kl)
     else:
         indices = indices.to(device)
         out, kl = flash_msa.sparse_attention(*args, indices, cu_seqlens=cu,
-                                             deterministic=deterministic)
+                                             deterministic=deterministic, compute_kl=compute_kl)
     ((out * inputs["dout"].to(device)).sum() + kl_weight * kl).backward()
     _, _, lse, lse_proxy = flash_msa.ops.forward(
-        *(t.detach() for t in args), indices, shape.D ** -0.5, shape.Dp ** -0.5, cu, False)
+        *(t.detach() for t in args), indices, shape.D ** -0.5, shape.Dp ** -0.5, cu, False, True)
     return dict(out=out, kl=kl, lse=lse, lse_proxy=lse_proxy,
                 **{f"d{n}": t.grad for n, t in leaves.items()})
 
@@ -100,6 +102,22 @@ def test_deterministic_gradients_are_reproducible():
     second = run(inputs, shape, indices, "cuda", shape.N, deterministic=True)
     for name in first:
         assert torch.equal(first[name], second[name]), name
+
+
+@pytest.mark.parametrize("mode", ["sparse", "warmup"])
+def test_skipping_the_kl_value_keeps_out_and_every_gradient(mode):
+    shape = SHAPES[2]
+    inputs = random_inputs(shape, torch.bfloat16, seed=48, device="cuda")
+    indices = None
+    if mode == "sparse":
+        indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K,
+                                          cu_seqlens=shape.cu("cuda"))
+    full = run(inputs, shape, indices, "cuda", shape.N, deterministic=True)
+    fast = run(inputs, shape, indices, "cuda", shape.N, deterministic=True, compute_kl=False)
+    assert full["kl"].item() > 0 and fast["kl"].item() == 0.0
+    for name in full:
+        if name not in ("kl",):
+            assert torch.equal(full[name], fast[name]), name
 
 
 def graph_step(leaves: dict, dout: torch.Tensor, shape: Shape, cu):

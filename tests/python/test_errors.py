@@ -129,7 +129,7 @@ def test_cpp_core_errors_surface_as_value_error(inputs):
     with raises("flash_msa: "):
         flash_msa.ops.select(inputs["qp"], inputs["kp"], 0, 1.0, None)
     with raises("flash_msa: scale: expected a finite value > 0"):
-        flash_msa.ops.forward(*(inputs[n] for n in NAMES), None, -1.0, 1.0, None, False)
+        flash_msa.ops.forward(*(inputs[n] for n in NAMES), None, -1.0, 1.0, None, False, True)
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -125,7 +125,15 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
     const int live_tokens = min(tile_tokens, item.end - e0);
     const int live_rows = live_tokens * p.group;
 
-    // Rows 16 wm + 8 h + lane / 4 of S, dP.
+    float s[1][8][4];
+    zero(s);
+    gemm_nt<T, 1, 8, kD, kD, kD>(s, s_q, 16 * wm, s_k, 64 * wn, lane);
+    float dp[1][8][4];
+    if (!kTeacherOnly) {
+      zero(dp);
+      gemm_nt<T, 1, 8, kD, kD, kD>(dp, s_dout, 16 * wm, s_v, 64 * wn, lane);
+    }
+    // Rows 16 wm + 8 h + lane / 4 of S, dP (read after the products: fewer live registers).
     int query[2], first[2];
     float lse2[2], delta[2];
 #pragma unroll
@@ -144,14 +152,6 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       }
     }
 
-    float s[1][8][4];
-    zero(s);
-    gemm_nt<T, 1, 8, kD, kD, kD>(s, s_q, 16 * wm, s_k, 64 * wn, lane);
-    float dp[1][8][4];
-    if (!kTeacherOnly) {
-      zero(dp);
-      gemm_nt<T, 1, 8, kD, kD, kD>(dp, s_dout, 16 * wm, s_v, 64 * wn, lane);
-    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll

@@ -1,0 +1,388 @@
+"""flash-msa against dense and block-sparse peers on one GPU, in one process.
+
+    python3 bench/msa_bench.py --out bench/results/RUN.json [--commit SHA] [--budget-s 480]
+
+Measures, on the paper's heads (H=64, Hk=4, Hp=4, Hpk=1, D=Dp=128, K=16 blocks), bf16:
+  - the card's ceilings: a bf16 8192^3 matmul (random inputs) and a device-to-device copy;
+  - flash-msa per stage (select, scheduling, main forward with and without the KL value,
+    backward) and the training step (select + forward + backward), with the peak GPU memory;
+  - peers on the same tensors: cuDNN and FlashAttention-2 dense causal attention through torch
+    SDPA (kv heads repeated to 64), FlexAttention with a block mask of the same per-query-block
+    budget (16 blocks of 128 keys per 128-query block: the own block and 15 random earlier
+    ones), and MSA composed from plain torch ops (chunked proxy scores, block max, torch.topk,
+    masked SDPA) where it fits in memory.
+Timing: CUDA events around each call, warm-up calls first, the median of several calls; inputs
+are random normal (never zeros) and, for each configuration, larger than the 60 MB L2.
+
+FLOPs are executed FLOPs of the main branch: forward 4 * D * sum over (head, query) of the
+keys attended (from the selection, causal and document masks included), backward 2.5x that;
+select 2 * Dp * Hp * sum over queries of the visible keys; dense causal 4 * H * D * S (S + 1) / 2
+forward, 3.5x that for forward + backward. Scheduling is the share of the forward spent in the
+schedule's kernels (reverse index and work items), read from the PyTorch profiler.
+
+Writes one JSON file with the run's environment and every figure; bench/report.py turns it into
+docs/benchmarks.md and the plots. Prints a progress line per measurement.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flash_msa
+
+H, HK, HP, HPK, D, DP, K, BS = 64, 4, 4, 1, 128, 128, 16, 128
+DT = torch.bfloat16
+SCALE, PROXY_SCALE = D ** -0.5, DP ** -0.5
+
+# (name, batch, seqlen, documents, warmup); documents: lengths of the packed documents.
+CONFIGS = [
+    ("S8K", 1, 8192, None, False),
+    ("S32K", 1, 32768, None, False),
+    ("S128K", 1, 131072, None, False),
+    ("S512K", 1, 524288, None, False),
+    ("S1M", 1, 1048576, None, False),
+    ("B8_S8K", 8, 8192, None, False),
+    ("S32K_docs", 1, 32768, [3000, 9000, 700, 12000, 4100, 3968], False),
+    ("S32K_warmup", 1, 32768, None, True),
+]
+DENSE_MAX_S = 524288      # dense fwd+bwd is quadratic: 117 s a call at 1M on an H200
+FA2_MAX_S = 131072
+FLEX_S = (32768, 131072)  # each shape compiles FlexAttention anew (tens of seconds)
+TORCH_MSA_MAX_S = 8192    # the plain-torch composition materialises score chunks and masks
+
+START = time.monotonic()
+
+
+def log(msg):
+    print(f"[{time.monotonic() - START:6.1f}s] {msg}", flush=True)
+
+
+def time_ms(fn, iters=5, warmup=2):
+    """Median of `iters` CUDA-event timed calls after `warmup` calls. A call slower than half a
+    second is warmed up once and timed 3 times at most, and timing stops after 20 s."""
+    for w in range(warmup):
+        t0 = time.monotonic()
+        fn()
+        torch.cuda.synchronize()
+        if time.monotonic() - t0 > 0.5:
+            iters = min(iters, 3)
+            break
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        if sum(times) > 20_000:  # a slow call: the median of what fits in 20 s
+            break
+    return statistics.median(times)
+
+
+def entry(ms, flop=None):
+    out = {"ms": round(ms, 4)}
+    if flop:
+        out["tflops"] = round(flop / ms / 1e9, 1)
+    return out
+
+
+def ceilings():
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=DT) for _ in range(2))
+    mm = time_ms(lambda: a @ b, iters=10, warmup=3)
+    x = torch.randn(2 ** 30, device="cuda", dtype=DT)  # 2 GiB
+    y = torch.empty_like(x)
+    cp = time_ms(lambda: y.copy_(x), iters=10, warmup=3)
+    return {"bf16_matmul_tflops": round(2 * 8192 ** 3 / mm / 1e9, 1),
+            "copy_tbps": round(2 * x.numel() * 2 / cp / 1e9, 3)}
+
+
+def doc_layout(batch, seqlen, docs):
+    """cu_seqlens (or None) and the in-row start of each token's document, [B, S] int64."""
+    if docs is None:
+        return None, torch.zeros(batch, seqlen, dtype=torch.int64, device="cuda")
+    assert sum(docs) == seqlen and batch == 1
+    offsets = [0]
+    for n in docs:
+        offsets.append(offsets[-1] + n)
+    starts = torch.repeat_interleave(torch.tensor(offsets[:-1]), torch.tensor(docs))
+    cu = torch.tensor(offsets, dtype=torch.int32, device="cuda")
+    return cu, starts.view(1, seqlen).to("cuda")
+
+
+def select_flop(doc_start, seqlen):
+    i = torch.arange(seqlen, device="cuda")
+    visible = (i - doc_start + 1).sum().item()
+    return 2 * DP * HP * visible
+
+
+def sparse_flop(indices, doc_start):
+    """4 * D * G * sum over (b, p, i) of the keys the selection attends."""
+    n = indices.long()
+    i = torch.arange(n.shape[2], device="cuda").view(1, 1, -1, 1)
+    ds = doc_start.view(n.shape[0], 1, -1, 1)
+    lo = torch.maximum(n * BS, ds)
+    hi = torch.minimum((n + 1) * BS, i + 1)
+    keys = ((hi - lo).clamp(min=0) * (n >= 0)).sum().item()
+    return 4 * D * (H // HP) * keys
+
+
+def dense_flop(batch, seqlen):
+    return 4 * batch * H * D * seqlen * (seqlen + 1) / 2
+
+
+def random_block_mask_indices(batch, seqlen, gen):
+    """Per 128-query block: its own block and 15 random earlier ones, ascending, -1 padded."""
+    nb = (seqlen + BS - 1) // BS
+    scores = torch.rand(batch, 1, nb, nb, device="cuda", generator=gen)
+    scores = scores.masked_fill(torch.ones(nb, nb, device="cuda", dtype=torch.bool).triu(1), -1.0)
+    scores.diagonal(dim1=-2, dim2=-1).fill_(2.0)
+    k = min(K, nb)
+    top = scores.topk(k, dim=-1)
+    valid = top.values >= 0
+    # Valid blocks first (ascending), then padding; the kernels read only the first `count`.
+    key = torch.where(valid, top.indices, top.indices + nb)
+    idx = key.sort(dim=-1).values % nb
+    count = valid.sum(-1).to(torch.int32)
+    return count, idx.to(torch.int32)
+
+
+def run_flex(q, k, v, dout, gen):
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    batch, _, seqlen, _ = q.shape
+    count, idx = random_block_mask_indices(batch, seqlen, gen)
+    nb = (seqlen + BS - 1) // BS
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    mask = BlockMask.from_kv_blocks(count, idx, BLOCK_SIZE=BS, mask_mod=causal, seq_lengths=(seqlen, seqlen))
+    flex = torch.compile(flex_attention)
+    keys = (count.sum().item() - nb) * BS * BS + nb * BS * (BS + 1) / 2  # per head, causal own block
+    flop = 4 * batch * H * D * keys
+
+    def fwd():
+        return flex(q, k, v, block_mask=mask, scale=SCALE, enable_gqa=True)
+
+    def step():
+        torch.autograd.backward(fwd(), dout)
+
+    # The forward runs with gradients enabled too: one compiled graph serves both timings.
+    step_ms = time_ms(step, iters=5, warmup=2)
+    fwd_ms = time_ms(fwd, iters=5, warmup=1)
+    return {"forward": entry(fwd_ms, flop), "step": entry(step_ms, 3.5 * flop)}
+
+
+def torch_msa_step(qp, kp, q, k, v, dout):
+    """MSA from plain torch ops: chunked proxy scores, block max, topk, masked SDPA."""
+    batch, _, seqlen, _ = q.shape
+    nb = (seqlen + BS - 1) // BS
+    chunk = 1024
+    i_all = torch.arange(seqlen, device="cuda")
+    outs = []
+    kr = k.repeat_interleave(H // HK, dim=1)
+    vr = v.repeat_interleave(H // HK, dim=1)
+    for c0 in range(0, seqlen, chunk):
+        c1 = min(seqlen, c0 + chunk)
+        qi = i_all[c0:c1].view(-1, 1)
+        with torch.no_grad():
+            s = (qp[:, :, c0:c1].float() @ kp.float().transpose(-1, -2)) * PROXY_SCALE
+            s = s.masked_fill(i_all.view(1, -1) > qi, float("-inf"))
+            pad = nb * BS - seqlen
+            blocks = F.pad(s, (0, pad), value=float("-inf")).view(batch, HP, c1 - c0, nb, BS).amax(-1)
+            own = (qi // BS).view(1, 1, -1, 1).expand(batch, HP, -1, 1)
+            blocks.scatter_(-1, own, float("inf"))
+            top = blocks.topk(min(K, nb), dim=-1)
+            chosen = torch.zeros_like(blocks, dtype=torch.bool).scatter_(-1, top.indices, top.values > float("-inf"))
+            allowed = chosen.repeat_interleave(BS, dim=-1)[..., :seqlen] & (i_all.view(1, -1) <= qi)
+            allowed = allowed.repeat_interleave(H // HP, dim=1)
+        outs.append(F.scaled_dot_product_attention(q[:, :, c0:c1], kr, vr, attn_mask=allowed,
+                                                   scale=SCALE))
+    out = torch.cat(outs, dim=2)
+    torch.autograd.backward(out, dout)
+
+
+def measure_config(name, batch, seqlen, docs, warmup, gen, results, deadline):
+    cfg = {"name": name, "batch": batch, "seqlen": seqlen, "documents": docs, "warmup": warmup}
+    results.append(cfg)
+    cu, doc_start = doc_layout(batch, seqlen, docs)
+    mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=DT, generator=gen)
+    qp, kp = mk(batch, HP, seqlen, DP), mk(batch, HPK, seqlen, DP)
+    q, k, v = mk(batch, H, seqlen, D), mk(batch, HK, seqlen, D), mk(batch, HK, seqlen, D)
+    dout = mk(batch, seqlen, H * D)
+    kl_grad = torch.ones((), device="cuda")
+    tensors = (qp, kp, q, k, v)
+
+    indices = None
+    if not warmup:
+        indices = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu)
+        sflop = select_flop(doc_start, seqlen)
+        cfg["select"] = entry(time_ms(lambda: flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu)),
+                              sflop)
+        flop = sparse_flop(indices, doc_start)
+    else:
+        sflop = 0
+        i = torch.arange(seqlen, device="cuda")
+        flop = 4 * D * H * (i - doc_start + 1).sum().item()
+    cfg["main_forward_flop"] = flop
+
+    def forward(compute_kl):
+        return flash_msa.ops.forward(*tensors, indices, SCALE, PROXY_SCALE, cu, True, compute_kl)
+
+    out, _, lse, lse_proxy = forward(True)
+
+    def backward():
+        return flash_msa.ops.backward(dout, kl_grad, *tensors, out, lse, lse_proxy, indices,
+                                      SCALE, PROXY_SCALE, cu, True)
+
+    def step():
+        idx = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu) if not warmup else None
+        o, _, l, lp = flash_msa.ops.forward(*tensors, idx, SCALE, PROXY_SCALE, cu, True, False)
+        flash_msa.ops.backward(dout, kl_grad, *tensors, o, l, lp, idx, SCALE, PROXY_SCALE, cu, True)
+
+    cfg["forward"] = entry(time_ms(lambda: forward(False)), flop)
+    cfg["forward_with_kl_value"] = entry(time_ms(lambda: forward(True)), flop)
+    cfg["backward"] = entry(time_ms(backward), 2.5 * flop)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step_ms = time_ms(step)
+    cfg["step"] = entry(step_ms, sflop + 3.5 * flop)
+    cfg["step_peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+    log(f"{name}: select {cfg.get('select', {}).get('ms', '-')} ms, forward {cfg['forward']['ms']} ms "
+        f"({cfg['forward'].get('tflops')} TFLOP/s), backward {cfg['backward']['ms']} ms "
+        f"({cfg['backward'].get('tflops')} TFLOP/s), step {step_ms:.1f} ms")
+
+    if not warmup and seqlen in (32768, 131072) and docs is None and batch == 1:
+        cfg["kernels"] = kernel_breakdown(lambda: forward(False), backward)
+
+    del out, lse, lse_proxy
+    peers = cfg["peers"] = {}
+    dense_ok = docs is None and not warmup and seqlen <= DENSE_MAX_S
+    if dense_ok or (docs is None and warmup and seqlen <= DENSE_MAX_S):
+        dflop = dense_flop(batch, seqlen)
+        qd = q.detach().requires_grad_()
+        kd = k.repeat_interleave(H // HK, dim=1).detach().requires_grad_()
+        vd = v.repeat_interleave(H // HK, dim=1).detach().requires_grad_()
+        dd = dout.view(batch, seqlen, H, D).transpose(1, 2)
+        backends = [("cudnn", SDPBackend.CUDNN_ATTENTION)]
+        if seqlen <= FA2_MAX_S:
+            backends.append(("flash2", SDPBackend.FLASH_ATTENTION))
+        for peer, backend in backends:
+            if time.monotonic() > deadline:
+                peers[peer] = {"skipped": "time budget"}
+                continue
+            slow = seqlen > 131072
+            with sdpa_kernel(backend):
+                fwd = lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=SCALE)
+                with torch.no_grad():
+                    f_ms = time_ms(fwd, iters=1 if slow else 5, warmup=1)
+                s_ms = time_ms(lambda: torch.autograd.backward(fwd(), dd), iters=1 if slow else 5,
+                               warmup=0 if slow else 2)
+            peers[peer] = {"forward": entry(f_ms, dflop), "step": entry(s_ms, 3.5 * dflop)}
+            log(f"{name}: {peer} dense causal forward {f_ms:.1f} ms, forward+backward {s_ms:.1f} ms")
+        del qd, kd, vd
+    if not warmup and docs is None and batch == 1 and seqlen in FLEX_S and time.monotonic() < deadline:
+        try:
+            qf, kf, vf = (t.detach().requires_grad_() for t in (q, k, v))
+            peers["flex_block_sparse"] = run_flex(qf, kf, vf, dout.view(batch, seqlen, H, D).transpose(1, 2), gen)
+            log(f"{name}: FlexAttention block-sparse {peers['flex_block_sparse']}")
+        except Exception as exc:  # noqa: BLE001  (a peer that fails is reported, not fatal)
+            peers["flex_block_sparse"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    if not warmup and docs is None and batch == 1 and seqlen <= TORCH_MSA_MAX_S:
+        qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+        dd = dout.view(batch, seqlen, H, D).transpose(1, 2)
+        ms = time_ms(lambda: torch_msa_step(qp, kp, qt, kt, vt, dd), iters=3, warmup=1)
+        peers["torch_ops_msa"] = {"step": entry(ms, sflop + 3.5 * flop)}
+        log(f"{name}: MSA from torch ops, step {ms:.1f} ms")
+
+
+def kernel_breakdown(forward, backward):
+    """Device time per kernel (ms) of one forward and one backward call, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for part, fn in (("forward", forward), ("backward", backward)):
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = {}
+        for evt in prof.key_averages():
+            t = evt.device_time_total / 1000.0
+            if t > 0:
+                kernels[evt.key[:90]] = round(t, 4)
+        out[part] = dict(sorted(kernels.items(), key=lambda kv: -kv[1]))
+        sched = sum(t for n, t in kernels.items()
+                    if any(s in n for s in ("edges_kernel", "doc_start_kernel", "items_kernel",
+                                            "DeviceRadixSort", "DeviceScan", "Memset")))
+        out[f"{part}_scheduling_ms"] = round(sched, 4)
+    return out
+
+
+def environment(commit):
+    props = torch.cuda.get_device_properties(0)
+    try:
+        driver = subprocess.check_output(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], text=True
+        ).strip()
+    except (OSError, subprocess.CalledProcessError):
+        driver = "unknown"
+    return {
+        "gpu": props.name,
+        "sms": props.multi_processor_count,
+        "driver": driver,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "heads": {"H": H, "Hk": HK, "Hp": HP, "Hpk": HPK, "D": D, "Dp": DP, "K": K},
+        "dtype": "bfloat16",
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="no new peer measurement starts after this many seconds")
+    parser.add_argument("--configs", default="", help="comma-separated subset of names")
+    args = parser.parse_args()
+    wanted = set(filter(None, args.configs.split(",")))
+    deadline = START + args.budget_s
+    gen = torch.Generator(device="cuda").manual_seed(2026)
+    result = {"environment": environment(args.commit)}
+    result["ceilings"] = ceilings()
+    log(f"ceilings: {result['ceilings']}")
+    configs = result["configs"] = []
+    todo = [c for c in CONFIGS if not wanted or c[0] in wanted]
+    for n, (name, batch, seqlen, docs, warmup) in enumerate(todo, 1):
+        log(f"({n}/{len(todo)}) {name}")
+        if time.monotonic() > deadline + 60:
+            configs.append({"name": name, "skipped": "time budget"})
+            continue
+        try:
+            measure_config(name, batch, seqlen, docs, warmup, gen, configs, deadline)
+        except Exception as exc:  # noqa: BLE001  (recorded in the results; the run goes on)
+            configs[-1]["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            log(f"{name}: {configs[-1]['error']}")
+        torch.cuda.empty_cache()
+        with open(args.out, "w") as f:  # after every configuration: a partial run keeps its data
+            json.dump(result, f, indent=1)
+    log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
