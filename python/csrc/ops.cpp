@@ -37,9 +37,12 @@ std::string dtype_str(at::ScalarType t) { return c10::toString(t); }
 
 DType dtype_of(const at::Tensor& t, const char* name) {
   switch (t.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
     default:
       throw Error(std::string("flash_msa: ") + name +
                   ": expected float32, float16 or bfloat16, got " + dtype_str(t.scalar_type()));
@@ -51,7 +54,7 @@ DType dtype_of(const at::Tensor& t, const char* name) {
 // through, so [B, S, H, D] token-major buffers need no copy.
 at::Tensor kernel_layout(const at::Tensor& t, const char* name) {
   check_value(t.dim() == 4, std::string("flash_msa: ") + name + ": expected a 4-D tensor, got " +
-                               std::to_string(t.dim()) + "-D");
+                                std::to_string(t.dim()) + "-D");
   const bool fits = t.stride(3) == 1 && t.stride(2) >= t.size(3);
   return fits ? t : t.clone(at::MemoryFormat::Contiguous);
 }
@@ -89,9 +92,8 @@ bool on_cuda(const at::Tensor& t) {
 }
 
 void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* name) {
-  check_value(t.device() == ref.device(), std::string("flash_msa: ") + name +
-                                              ": expected device " + ref.device().str() +
-                                              ", got " + t.device().str());
+  check_value(t.device() == ref.device(), std::string("flash_msa: ") + name + ": expected device " +
+                                              ref.device().str() + ", got " + t.device().str());
 }
 
 // Fills the document layout of `problem`; the returned tensor keeps the offsets alive.
@@ -211,8 +213,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   check_like(v, q, "v");
   const bool warmup = !indices_in.has_value();
   const at::Tensor indices = warmup ? at::Tensor() : checked_indices(*indices_in, qp);
-  Problem problem =
-      make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale);
+  Problem problem = make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale);
   const at::Tensor cu = set_documents(problem, cu_seqlens, q);
 
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
@@ -237,8 +238,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
 #ifdef FLASH_MSA_WITH_CUDA
     const c10::cuda::CUDAGuard guard(q.device());
     at::Tensor holder;
-    const cuda::Workspace ws =
-        workspace(cuda::forward_workspace_bytes(params, warmup), q, holder);
+    const cuda::Workspace ws = workspace(cuda::forward_workspace_bytes(params, warmup), q, holder);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     warmup ? cuda::warmup_forward(params, ws, stream) : cuda::sparse_forward(params, ws, stream);
 #endif
@@ -249,10 +249,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
-    const at::Tensor& dout_in, const std::optional<at::Tensor>& kl_grad_in,
-    const at::Tensor& qp_in, const at::Tensor& kp_in, const at::Tensor& q_in,
-    const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& out_in,
-    const at::Tensor& lse_in, const at::Tensor& lse_proxy_in,
+    const at::Tensor& dout_in, const std::optional<at::Tensor>& kl_grad_in, const at::Tensor& qp_in,
+    const at::Tensor& kp_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& lse_proxy_in,
     const std::optional<at::Tensor>& indices_in, double scale, double proxy_scale,
     const std::optional<at::Tensor>& cu_seqlens, bool deterministic) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy"), kp = kernel_layout(kp_in, "k_proxy");
@@ -278,8 +277,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   }
   const bool warmup = !indices_in.has_value();
   const at::Tensor indices = warmup ? at::Tensor() : checked_indices(*indices_in, qp);
-  Problem problem =
-      make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale);
+  Problem problem = make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale);
   const at::Tensor cu = set_documents(problem, cu_seqlens, q);
 
   at::Tensor dqp = at::empty(qp.sizes(), q.options()), dkp = at::empty(kp.sizes(), q.options());
@@ -308,8 +306,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
 #ifdef FLASH_MSA_WITH_CUDA
     const c10::cuda::CUDAGuard guard(q.device());
     at::Tensor holder;
-    const cuda::Workspace ws =
-        workspace(cuda::backward_workspace_bytes(params, warmup), q, holder);
+    const cuda::Workspace ws = workspace(cuda::backward_workspace_bytes(params, warmup), q, holder);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     warmup ? cuda::warmup_backward(params, ws, stream) : cuda::sparse_backward(params, ws, stream);
 #endif

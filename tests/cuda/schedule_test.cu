@@ -43,7 +43,8 @@ TEST_F(CudaSchedule, MatchesHostReverseIndex) {
   std::vector<int32_t> doc_start(static_cast<size_t>(d.B * d.S));
   for (size_t x = 0; x + 1 < cu.size(); ++x)
     for (int32_t t = cu[x]; t < cu[x + 1]; ++t)
-      doc_start[static_cast<size_t>(t)] = cu[x] - (t / static_cast<int32_t>(d.S)) * static_cast<int32_t>(d.S);
+      doc_start[static_cast<size_t>(t)] =
+          cu[x] - (t / static_cast<int32_t>(d.S)) * static_cast<int32_t>(d.S);
   std::vector<std::vector<uint32_t>> buckets(static_cast<size_t>(shape.buckets()));
   for (int64_t row = 0; row < shape.rows(); ++row) {
     const int64_t i = row % d.S, bp = row / d.S, b = bp / d.Hp;
@@ -62,7 +63,8 @@ TEST_F(CudaSchedule, MatchesHostReverseIndex) {
   DeviceBuffer ws(cuda::schedule::index_workspace_bytes(shape) +
                   cuda::schedule::items_workspace_bytes(shape));
   cudaMemset(ws.get(), 0xff, ws.bytes());
-  void* items_ws = static_cast<unsigned char*>(ws.get()) + cuda::schedule::index_workspace_bytes(shape);
+  void* items_ws =
+      static_cast<unsigned char*>(ws.get()) + cuda::schedule::index_workspace_bytes(shape);
   const cuda::schedule::Index index = cuda::schedule::build_index(
       shape, static_cast<const int32_t*>(g_idx.get()), static_cast<const int32_t*>(g_cu.get()),
       static_cast<int64_t>(cu.size()) - 1, ws.get(), nullptr);
@@ -80,7 +82,8 @@ TEST_F(CudaSchedule, MatchesHostReverseIndex) {
     }
   }
   EXPECT_EQ(begin.back(), at);
-  for (int64_t x = at; x < shape.edges(); ++x) EXPECT_EQ(entries[static_cast<size_t>(x)], ~uint64_t(0));
+  for (int64_t x = at; x < shape.edges(); ++x)
+    EXPECT_EQ(entries[static_cast<size_t>(x)], ~uint64_t(0));
 
   for (int64_t chunk : {int64_t(256), d.S}) {
     for (int64_t c0 = 0; c0 < d.S; c0 += chunk) {
@@ -102,8 +105,8 @@ TEST_F(CudaSchedule, MatchesHostReverseIndex) {
         EXPECT_EQ(lo[static_cast<size_t>(u)], want_lo) << "chunk " << c0 << " bucket " << u;
         EXPECT_EQ(hi[static_cast<size_t>(u)], want_hi) << "chunk " << c0 << " bucket " << u;
         EXPECT_EQ(item_begin[static_cast<size_t>(u)], items_so_far);
-        items_so_far += (want_hi - want_lo + cuda::schedule::kItemTokens - 1) /
-                        cuda::schedule::kItemTokens;
+        items_so_far +=
+            (want_hi - want_lo + cuda::schedule::kItemTokens - 1) / cuda::schedule::kItemTokens;
       }
       EXPECT_EQ(item_begin.back(), items_so_far);
       EXPECT_LE(items_so_far, items.max_items);

@@ -95,16 +95,17 @@ int64_t chunk_for(const Problem& pr, size_t bytes) {
   const size_t first = sparse_layout(pr, kBlockSize, nullptr).total;
   const size_t per_block = sparse_layout(pr, 2 * kBlockSize, nullptr).total - first;
   if (bytes < first) return 0;
-  int64_t chunk = std::min<int64_t>(static_cast<int64_t>(1 + (bytes - first) / per_block) * kBlockSize,
-                                    S / kBlockSize * kBlockSize);
+  int64_t chunk =
+      std::min<int64_t>(static_cast<int64_t>(1 + (bytes - first) / per_block) * kBlockSize,
+                        S / kBlockSize * kBlockSize);
   while (chunk > 0 && sparse_layout(pr, chunk, nullptr).total > bytes) chunk -= kBlockSize;
   return chunk;
 }
 
 size_t sparse_workspace_bytes(const Problem& pr, int64_t max_chunk) {
   const int64_t smallest = std::min<int64_t>(pr.seqlen, kBlockSize);
-  const int64_t chunk = max_chunk > 0 ? max_chunk / kBlockSize * kBlockSize
-                                      : chunk_for(pr, kDefaultChunkBytes);
+  const int64_t chunk =
+      max_chunk > 0 ? max_chunk / kBlockSize * kBlockSize : chunk_for(pr, kDefaultChunkBytes);
   return sparse_layout(pr, std::min(std::max(chunk, smallest), pr.seqlen), nullptr).total;
 }
 
@@ -121,8 +122,8 @@ void sparse_backward_impl(const BackwardParams& params, Workspace workspace, cud
   check_workspace_pointer(workspace.data);
   const SparseLayout ws = sparse_layout(pr, chunk, workspace.data);
   const schedule::Shape shape = schedule_shape(pr);
-  const schedule::Index index = schedule::build_index(shape, params.indices, pr.cu_seqlens,
-                                                      pr.num_docs, ws.index, stream);
+  const schedule::Index index =
+      schedule::build_index(shape, params.indices, pr.cu_seqlens, pr.num_docs, ws.index, stream);
   const bool proxy = params.kl_grad != nullptr;  // w = 0 otherwise: zero proxy gradients
   const int group = static_cast<int>(pr.heads / pr.proxy_heads);
   const int num_blocks = static_cast<int>(shape.num_blocks());
@@ -147,7 +148,8 @@ void sparse_backward_impl(const BackwardParams& params, Workspace workspace, cud
       .head_dim = D,
   };
   const auto zero = [&](float* acc, int64_t floats) {
-    FLASH_MSA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(floats) * sizeof(float), stream));
+    FLASH_MSA_CUDA_CHECK(
+        cudaMemsetAsync(acc, 0, static_cast<size_t>(floats) * sizeof(float), stream));
   };
   zero(ws.dk_acc, pr.batch * pr.kv_heads * pr.seqlen * D);
   zero(ws.dv_acc, pr.batch * pr.kv_heads * pr.seqlen * D);
@@ -265,9 +267,11 @@ void sparse_backward_impl(const BackwardParams& params, Workspace workspace, cud
     });
     sm80::launch_keys_reduce(keys(ws.dk_part, ws.dk_acc, D, pr.kv_heads), stream);
     sm80::launch_keys_reduce(keys(ws.dv_part, ws.dv_acc, D, pr.kv_heads), stream);
-    if (proxy) sm80::launch_keys_reduce(keys(ws.dkp_part, ws.dkp_acc, Dp, pr.proxy_kv_heads), stream);
+    if (proxy)
+      sm80::launch_keys_reduce(keys(ws.dkp_part, ws.dkp_acc, Dp, pr.proxy_kv_heads), stream);
   }
-  const auto store = [&](const float* acc, const MutView& dst, float scale, int64_t heads, int width) {
+  const auto store = [&](const float* acc, const MutView& dst, float scale, int64_t heads,
+                         int width) {
     return sm80::KeysStoreParams{
         .acc = acc,
         .dst = dst.data,

@@ -51,7 +51,8 @@ template <int kC, class T>
 __device__ __forceinline__ void load_b2(uint32_t (&b)[2][2], const T* tile, int n0, int k0,
                                         int lane) {
   uint32_t r[4];
-  ldmatrix_x4(r, tile + tile_offset<kC>(n0 + lane % 8 + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
+  ldmatrix_x4(r,
+              tile + tile_offset<kC>(n0 + lane % 8 + (lane / 16) * 8, k0 + ((lane / 8) % 2) * 8));
   b[0][0] = r[0];
   b[0][1] = r[1];
   b[1][0] = r[2];
@@ -63,7 +64,8 @@ template <int kC, class T>
 __device__ __forceinline__ void load_b2_trans(uint32_t (&b)[2][2], const T* tile, int n0, int k0,
                                               int lane) {
   uint32_t r[4];
-  ldmatrix_x4_trans(r, tile + tile_offset<kC>(k0 + lane % 8 + ((lane / 8) % 2) * 8, n0 + (lane / 16) * 8));
+  ldmatrix_x4_trans(
+      r, tile + tile_offset<kC>(k0 + lane % 8 + ((lane / 8) % 2) * 8, n0 + (lane / 16) * 8));
   b[0][0] = r[0];
   b[0][1] = r[1];
   b[1][0] = r[2];

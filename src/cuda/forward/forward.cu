@@ -80,16 +80,17 @@ int64_t chunk_for(const Problem& pr, bool kl, size_t bytes) {
   const size_t first = sparse_layout(pr, kl, kBlockSize, nullptr).total;
   const size_t per_block = sparse_layout(pr, kl, 2 * kBlockSize, nullptr).total - first;
   if (bytes < first) return 0;
-  int64_t chunk = std::min<int64_t>(static_cast<int64_t>(1 + (bytes - first) / per_block) * kBlockSize,
-                                    S / kBlockSize * kBlockSize);
+  int64_t chunk =
+      std::min<int64_t>(static_cast<int64_t>(1 + (bytes - first) / per_block) * kBlockSize,
+                        S / kBlockSize * kBlockSize);
   while (chunk > 0 && sparse_layout(pr, kl, chunk, nullptr).total > bytes) chunk -= kBlockSize;
   return chunk;
 }
 
 size_t sparse_workspace_bytes(const Problem& pr, bool kl, int64_t max_chunk) {
   const int64_t smallest = std::min<int64_t>(pr.seqlen, kBlockSize);
-  const int64_t chunk = max_chunk > 0 ? max_chunk / kBlockSize * kBlockSize
-                                      : chunk_for(pr, kl, kDefaultChunkBytes);
+  const int64_t chunk =
+      max_chunk > 0 ? max_chunk / kBlockSize * kBlockSize : chunk_for(pr, kl, kDefaultChunkBytes);
   return sparse_layout(pr, kl, std::min(std::max(chunk, smallest), pr.seqlen), nullptr).total;
 }
 
@@ -107,8 +108,8 @@ void sparse_forward_impl(const ForwardParams& params, Workspace workspace, cudaS
   check_workspace_pointer(workspace.data);
   const SparseLayout ws = sparse_layout(pr, kl, chunk, workspace.data);
   const schedule::Shape shape = schedule_shape(pr);
-  const schedule::Index index = schedule::build_index(shape, params.indices, pr.cu_seqlens,
-                                                      pr.num_docs, ws.index, stream);
+  const schedule::Index index =
+      schedule::build_index(shape, params.indices, pr.cu_seqlens, pr.num_docs, ws.index, stream);
   const int group = static_cast<int>(pr.heads / pr.proxy_heads);
   const int num_blocks = static_cast<int>(shape.num_blocks());
   const int buckets = static_cast<int>(shape.buckets());
@@ -233,7 +234,8 @@ void sparse_forward_impl(const ForwardParams& params, Workspace workspace, cudaS
       sm80::launch_kl_rows(mp, stream);
     });
   }
-  if (kl) sm80::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen, params.kl, stream);
+  if (kl)
+    sm80::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen, params.kl, stream);
 }
 
 int64_t kl_slots(const Problem& pr) { return pr.batch * pr.proxy_heads * pr.seqlen; }
@@ -301,8 +303,7 @@ void warmup_forward_impl(const ForwardParams& params, Workspace workspace, cudaS
 
 }  // namespace
 
-size_t forward_workspace_bytes(const ForwardParams& params, bool warmup,
-                               int64_t max_chunk_tokens) {
+size_t forward_workspace_bytes(const ForwardParams& params, bool warmup, int64_t max_chunk_tokens) {
   validate(params, warmup);
   return warmup ? warmup_workspace_bytes(params.problem)
                 : sparse_workspace_bytes(params.problem, params.kl != nullptr, max_chunk_tokens);

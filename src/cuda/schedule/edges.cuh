@@ -38,8 +38,8 @@ struct Item {
 };
 
 // Item `item` of a chunk, or false past the chunk's last item.
-__device__ __forceinline__ bool find_item(const Items& items, int buckets, int num_blocks,
-                                          int item, Item& out) {
+__device__ __forceinline__ bool find_item(const Items& items, int buckets, int num_blocks, int item,
+                                          Item& out) {
   if (item >= __ldg(items.item_begin + buckets)) return false;
   int lo = 0, hi = buckets;  // item_begin[lo] <= item < item_begin[hi]
   while (hi - lo > 1) {
@@ -49,8 +49,10 @@ __device__ __forceinline__ bool find_item(const Items& items, int buckets, int n
     else
       hi = mid;
   }
-  const int begin = __ldg(items.range_begin + lo) + (item - __ldg(items.item_begin + lo)) * kItemTokens;
-  out = {lo / num_blocks, lo % num_blocks, begin, min(begin + kItemTokens, __ldg(items.range_end + lo))};
+  const int begin =
+      __ldg(items.range_begin + lo) + (item - __ldg(items.item_begin + lo)) * kItemTokens;
+  out = {lo / num_blocks, lo % num_blocks, begin,
+         min(begin + kItemTokens, __ldg(items.range_end + lo))};
   return true;
 }
 

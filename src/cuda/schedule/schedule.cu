@@ -1,11 +1,10 @@
 // The scheduling stage: document starts, edges, a radix sort by (bucket, token), bucket offsets
 // (an integer count and a scan, so they are the same every run), and per chunk the work items.
 // Everything is enqueued on the caller's stream; no value comes back to the host.
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
-
 #include <algorithm>
 #include <bit>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include "cuda/common/check.h"
 #include "cuda/common/workspace.h"
@@ -120,14 +119,14 @@ __global__ void edges_kernel(const int32_t* __restrict__ indices,
   const int64_t bp = row / seqlen;
   const int b = static_cast<int>(bp / proxy_heads);
   const int32_t* idx = indices + row * top_k;
-  const uint64_t mask = valid_slots(idx, top_k, token / 128,
-                                    __ldg(doc_start + int64_t(b) * seqlen + token) / 128);
+  const uint64_t mask =
+      valid_slots(idx, top_k, token / 128, __ldg(doc_start + int64_t(b) * seqlen + token) / 128);
   for (int k = 0; k < top_k; ++k) {
     uint64_t key = kInvalidEntry;
     if ((mask >> k) & 1) {
       const int64_t bucket = bp * num_blocks + __ldg(idx + k);
-      key = (static_cast<uint64_t>(bucket) << 32) |
-            (static_cast<uint64_t>(token) << kSlotBits) | static_cast<uint64_t>(k);
+      key = (static_cast<uint64_t>(bucket) << 32) | (static_cast<uint64_t>(token) << kSlotBits) |
+            static_cast<uint64_t>(k);
       atomicAdd(bucket_count + bucket, 1);
     }
     keys[row * top_k + k] = key;
@@ -182,18 +181,16 @@ Index build_index(const Shape& shape, const int32_t* indices, const int32_t* cu_
   doc_start_kernel<<<grid_of(tokens), kThreads, 0, stream>>>(
       cu_seqlens, static_cast<int>(num_docs), tokens, static_cast<int>(shape.seqlen), a.doc_start);
   FLASH_MSA_CHECK_LAUNCH();
-  FLASH_MSA_CUDA_CHECK(cudaMemsetAsync(a.bucket_count, 0,
-                                       static_cast<size_t>(shape.buckets() + 1) * sizeof(int32_t),
-                                       stream));
+  FLASH_MSA_CUDA_CHECK(cudaMemsetAsync(
+      a.bucket_count, 0, static_cast<size_t>(shape.buckets() + 1) * sizeof(int32_t), stream));
   edges_kernel<<<grid_of(shape.rows()), kThreads, 0, stream>>>(
       indices, a.doc_start, shape.rows(), static_cast<int>(shape.seqlen),
       static_cast<int>(shape.proxy_heads), static_cast<int>(shape.top_k),
       static_cast<int>(shape.num_blocks()), a.keys_in, a.bucket_count);
   FLASH_MSA_CHECK_LAUNCH();
   size_t temp = a.temp_bytes;
-  FLASH_MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(a.temp, temp, a.keys_in, a.keys_out,
-                                                      shape.edges(), 0, sort_end_bit(shape),
-                                                      stream));
+  FLASH_MSA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(
+      a.temp, temp, a.keys_in, a.keys_out, shape.edges(), 0, sort_end_bit(shape), stream));
   temp = a.temp_bytes;
   FLASH_MSA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, temp, a.bucket_count, a.bucket_begin,
                                                      shape.buckets() + 1, stream));
@@ -210,8 +207,7 @@ Items build_items(const Shape& shape, const Index& index, int64_t chunk_begin, i
   size_t temp = a.temp_bytes;
   FLASH_MSA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, temp, a.item_count, a.item_begin,
                                                      shape.buckets() + 1, stream));
-  return {a.item_begin, a.range_begin, a.range_end,
-          max_items(shape, chunk_end - chunk_begin)};
+  return {a.item_begin, a.range_begin, a.range_end, max_items(shape, chunk_end - chunk_begin)};
 }
 
 }  // namespace flash_msa::cuda::schedule

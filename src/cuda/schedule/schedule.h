@@ -25,8 +25,8 @@ inline constexpr int64_t kMaxTokens = int64_t(1) << (31 - kSlotBits);  // S < 2^
 struct Shape {
   int64_t batch, seqlen, proxy_heads, top_k;
   int64_t num_blocks() const { return (seqlen + 127) / 128; }
-  int64_t rows() const { return batch * proxy_heads * seqlen; }   // (b, p, token)
-  int64_t edges() const { return rows() * top_k; }                // (b, p, token, slot)
+  int64_t rows() const { return batch * proxy_heads * seqlen; }           // (b, p, token)
+  int64_t edges() const { return rows() * top_k; }                        // (b, p, token, slot)
   int64_t buckets() const { return batch * proxy_heads * num_blocks(); }  // (b, p, block)
 };
 

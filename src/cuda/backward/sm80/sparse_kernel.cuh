@@ -179,8 +179,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
         for (int g = 0; g < p.group; ++g)
           sum += Elem<T>::to_float(s_p[tile_offset<kKeys>(t * p.group + g, col & ~7) + (col & 7)]);
         const uint64_t entry = entries[e0 + t];
-        const int64_t ce = (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) -
-                            p.chunk_begin) * p.top_k + schedule::entry_slot(entry);
+        const int64_t ce =
+            (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
+                p.top_k +
+            schedule::entry_slot(entry);
         p.teacher[ce * kKeys + col] = sum * inv_group;
       }
     }
@@ -196,12 +198,15 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       const int r = 16 * wm + 8 * h + lane / 4;
       if (r >= live_rows) continue;
       const uint64_t entry = entries[e0 + r / p.group];
-      const int64_t ce = (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) -
-                          p.chunk_begin) * p.top_k + schedule::entry_slot(entry);
+      const int64_t ce =
+          (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
+              p.top_k +
+          schedule::entry_slot(entry);
       float* dst = p.dq_part + (ce * p.group + r % p.group) * kD + kHalfD * wn + 2 * (lane % 4);
 #pragma unroll
       for (int nt = 0; nt < kHalfD / 8; ++nt)
-        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
+        *reinterpret_cast<float2*>(dst + nt * 8) =
+            make_float2(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
     }
   }
 

@@ -30,8 +30,10 @@ __global__ void __launch_bounds__(kThreads) delta_kernel(const DeltaParams p) {
   const int i = static_cast<int>(row % p.seqlen);
   const int64_t bh = row / p.seqlen;
   const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-  const T* o = static_cast<const T*>(p.out) + b * p.out_stride_b + h * p.out_stride_h + i * p.out_stride_s;
-  const T* d = static_cast<const T*>(p.dout) + b * p.dout_stride_b + h * p.dout_stride_h + i * p.dout_stride_s;
+  const T* o =
+      static_cast<const T*>(p.out) + b * p.out_stride_b + h * p.out_stride_h + i * p.out_stride_s;
+  const T* d = static_cast<const T*>(p.dout) + b * p.dout_stride_b + h * p.dout_stride_h +
+               i * p.dout_stride_s;
   float sum = 0.f;
   for (int c = 2 * lane; c < p.head_dim; c += 64) {
     const float2 x = Elem<T>::unpack(*reinterpret_cast<const uint32_t*>(o + c));
@@ -59,9 +61,9 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
   const int i = p.chunk_begin + t;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   if (p.part) {
-    const uint64_t slots = schedule::valid_slots(
-        p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
-        __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
+    const uint64_t slots =
+        schedule::valid_slots(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
+                              __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
     const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;
     for (uint64_t s = slots; s; s &= s - 1) {
       const float4 v = *reinterpret_cast<const float4*>(
@@ -72,8 +74,8 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
       acc.w += v.w;
     }
   }
-  T* dst = static_cast<T*>(p.dst) + b * p.dst_stride_b + (int64_t(ph) * p.rows + g) * p.dst_stride_h +
-           i * p.dst_stride_s + c;
+  T* dst = static_cast<T*>(p.dst) + b * p.dst_stride_b +
+           (int64_t(ph) * p.rows + g) * p.dst_stride_h + i * p.dst_stride_s + c;
   *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(p.scale * acc.x, p.scale * acc.y);
   *reinterpret_cast<uint32_t*>(dst + 2) = Elem<T>::pack(p.scale * acc.z, p.scale * acc.w);
 }
@@ -125,7 +127,8 @@ __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStorePar
   const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (p.acc) v = *reinterpret_cast<const float4*>(p.acc + row * p.width + col);
-  T* dst = static_cast<T*>(p.dst) + b * p.dst_stride_b + h * p.dst_stride_h + j * p.dst_stride_s + col;
+  T* dst =
+      static_cast<T*>(p.dst) + b * p.dst_stride_b + h * p.dst_stride_h + j * p.dst_stride_s + col;
   *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(p.scale * v.x, p.scale * v.y);
   *reinterpret_cast<uint32_t*>(dst + 2) = Elem<T>::pack(p.scale * v.z, p.scale * v.w);
 }
@@ -134,15 +137,16 @@ __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStorePar
 
 template <class T>
 void launch_delta(const DeltaParams& params, cudaStream_t stream) {
-  delta_kernel<T><<<blocks_for(int64_t(params.batch) * params.heads * params.seqlen * 32),
-                    kThreads, 0, stream>>>(params);
+  delta_kernel<T><<<blocks_for(int64_t(params.batch) * params.heads * params.seqlen * 32), kThreads,
+                    0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
 template <class T>
 void launch_rows_reduce(const RowsReduceParams& params, cudaStream_t stream) {
   const int64_t threads = int64_t(params.batch) * params.proxy_heads *
-                          (params.chunk_end - params.chunk_begin) * params.rows * (params.width / 4);
+                          (params.chunk_end - params.chunk_begin) * params.rows *
+                          (params.width / 4);
   rows_reduce_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
@@ -161,9 +165,9 @@ void launch_keys_store(const KeysStoreParams& params, cudaStream_t stream) {
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-#define FLASH_MSA_INSTANTIATE(T)                                                   \
-  template void launch_delta<T>(const DeltaParams&, cudaStream_t);                 \
-  template void launch_rows_reduce<T>(const RowsReduceParams&, cudaStream_t);      \
+#define FLASH_MSA_INSTANTIATE(T)                                              \
+  template void launch_delta<T>(const DeltaParams&, cudaStream_t);            \
+  template void launch_rows_reduce<T>(const RowsReduceParams&, cudaStream_t); \
   template void launch_keys_store<T>(const KeysStoreParams&, cudaStream_t);
 FLASH_MSA_INSTANTIATE(__nv_bfloat16)
 FLASH_MSA_INSTANTIATE(__half)

@@ -19,15 +19,14 @@ __global__ void __launch_bounds__(kRowThreads) kl_rows_kernel(const MergeParams 
   const int t = static_cast<int>(x % tokens);
   const int64_t bp = x / tokens;
   const int b = static_cast<int>(bp / p.proxy_heads), i = p.chunk_begin + t;
-  const uint64_t slots = schedule::valid_slots(
-      p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
-      __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
+  const uint64_t slots =
+      schedule::valid_slots(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
+                            __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
   const float* part = p.kl_part + (bp * p.chunk_tokens + t) * p.top_k;
   float kl = 0.f;
   for (uint64_t s = slots; s; s &= s - 1) kl += part[__ffsll(s) - 1];
   p.kl_rows[bp * p.seqlen + i] = kl;
 }
-
 
 // One CTA: thread t sums slots t, t + 1024, ... in order (fp64), then a fixed tree; the result
 // does not depend on scheduling, so repeated runs give the same bits.
@@ -50,11 +49,10 @@ __global__ void __launch_bounds__(kReduceThreads)
 void launch_kl_rows(const MergeParams& params, cudaStream_t stream) {
   const int64_t threads =
       int64_t(params.batch) * params.proxy_heads * (params.chunk_end - params.chunk_begin);
-  kl_rows_kernel<<<static_cast<unsigned>((threads + kRowThreads - 1) / kRowThreads),
-                          kRowThreads, 0, stream>>>(params);
+  kl_rows_kernel<<<static_cast<unsigned>((threads + kRowThreads - 1) / kRowThreads), kRowThreads, 0,
+                   stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
-
 
 void launch_kl_reduce(const float* partial, int64_t n, float* kl, cudaStream_t stream) {
   kl_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(partial, n, kl);

@@ -41,12 +41,13 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   x /= p.group;
   const int t = static_cast<int>(x % tokens);
   const int64_t bp = x / tokens;
-  const int b = static_cast<int>(bp / p.proxy_heads), head = static_cast<int>(bp % p.proxy_heads) * p.group + g;
+  const int b = static_cast<int>(bp / p.proxy_heads),
+            head = static_cast<int>(bp % p.proxy_heads) * p.group + g;
   const int i = p.chunk_begin + t;
 
-  const uint64_t slots = schedule::valid_slots(
-      p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
-      __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
+  const uint64_t slots =
+      schedule::valid_slots(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
+                            __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
   const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;  // chunk-local edge of slot 0
   const float lse2 = merge_lse2(p.lse_part + ce0 * p.group + g, p.group, slots);
 
@@ -57,7 +58,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
     if (!((slots >> k) & 1)) continue;
     const int64_t row = (ce0 + k) * p.group + g;
     const float w = exp2f(p.lse_part[row] - lse2);
-    const uint4 v = reinterpret_cast<const uint4*>(static_cast<const T*>(p.o_part) + row * kD)[chunk];
+    const uint4 v =
+        reinterpret_cast<const uint4*>(static_cast<const T*>(p.o_part) + row * kD)[chunk];
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -71,7 +73,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   T* out = static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + i * p.out_stride_s;
 #pragma unroll
   for (int e = 0; e < 4; ++e)
-    *reinterpret_cast<uint32_t*>(out + (t0 + e) * 8 + 2 * c) = Elem<T>::pack(acc[2 * e], acc[2 * e + 1]);
+    *reinterpret_cast<uint32_t*>(out + (t0 + e) * 8 + 2 * c) =
+        Elem<T>::pack(acc[2 * e], acc[2 * e + 1]);
   if (chunk == 0) p.lse[(int64_t(b) * p.heads + head) * p.seqlen + i] = lse2 * kLn2;
   if (chunk == 0 && g == 0)
     p.lse_proxy[bp * p.seqlen + i] = merge_lse2(p.lse_p_part + ce0, 1, slots) * kLn2;

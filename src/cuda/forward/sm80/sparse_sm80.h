@@ -34,15 +34,15 @@ struct SparseForwardParams {
 struct MergeParams {
   void* out;  // [B, H, S, D] strided
   int64_t out_stride_b, out_stride_h, out_stride_s;
-  float* lse;                 // [B, H, S] contiguous, natural log
-  float* lse_proxy;           // [B, Hp, S] contiguous, natural log
-  const void* o_part;         // as SparseForwardParams
-  const float* lse_part;      // as SparseForwardParams
-  const float* lse_p_part;    // [chunk edges] log2-domain, from the proxy kernel
-  const float* kl_part;       // [chunk edges] KL terms of the block (launch_kl_rows only)
-  float* kl_rows;             // [B, Hp, S] KL term of each query row (launch_kl_rows only)
-  const int32_t* indices;     // [B, Hp, S, K] contiguous
-  const int32_t* doc_start;   // [B * S]
+  float* lse;                // [B, H, S] contiguous, natural log
+  float* lse_proxy;          // [B, Hp, S] contiguous, natural log
+  const void* o_part;        // as SparseForwardParams
+  const float* lse_part;     // as SparseForwardParams
+  const float* lse_p_part;   // [chunk edges] log2-domain, from the proxy kernel
+  const float* kl_part;      // [chunk edges] KL terms of the block (launch_kl_rows only)
+  float* kl_rows;            // [B, Hp, S] KL term of each query row (launch_kl_rows only)
+  const int32_t* indices;    // [B, Hp, S, K] contiguous
+  const int32_t* doc_start;  // [B * S]
   int chunk_begin, chunk_tokens, chunk_end;
   int batch, seqlen, heads, proxy_heads, group, top_k;
 };

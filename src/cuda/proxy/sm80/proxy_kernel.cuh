@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
   const int wm = warp / 2, wn = warp % 2;
   const int b = item.bp / p.proxy_heads, ph = item.bp % p.proxy_heads;
   const int key0 = item.block * kKeys;
-  const T* kp = static_cast<const T*>(p.kp) + b * p.kp_stride_b + (ph / p.proxy_group) * p.kp_stride_h;
+  const T* kp =
+      static_cast<const T*>(p.kp) + b * p.kp_stride_b + (ph / p.proxy_group) * p.kp_stride_h;
   const T* qp = static_cast<const T*>(p.qp) + b * p.qp_stride_b + ph * p.qp_stride_h;
   const uint64_t* entries = p.index.entries;
   const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
@@ -72,9 +73,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
     copy_rows_async<kRows, kDp, kThreads>(
         smem + Smem::kQp + buf * kRows * kDp,
         [&](int r) -> const T* {
-          return e0 + r < item.end
-                     ? qp + schedule::entry_token(entries[e0 + r]) * p.qp_stride_s
-                     : nullptr;
+          return e0 + r < item.end ? qp + schedule::entry_token(entries[e0 + r]) * p.qp_stride_s
+                                   : nullptr;
         },
         qp);
     cp_async_commit();
@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
         first[h] = __ldg(doc_start + query[h]);
         edge[h] = (int64_t(item.bp) * p.chunk_tokens + query[h] - p.chunk_begin) * p.top_k +
                   schedule::entry_slot(entry);
-        if (kMode != ProxyMode::kLse) lse2[h] = __ldg(p.lse_proxy + int64_t(item.bp) * p.seqlen + query[h]) * kLog2e;
+        if (kMode != ProxyMode::kLse)
+          lse2[h] = __ldg(p.lse_proxy + int64_t(item.bp) * p.seqlen + query[h]) * kLog2e;
       }
     }
 
@@ -174,7 +175,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
           for (int e = 0; e < 2; ++e) {
             const float x = s[0][nt][2 * h + e];
             if constexpr (kMode == ProxyMode::kKl) {
-              if (tv[e] > 0.f && x != -INFINITY) term += tv[e] * (__logf(tv[e]) - (x - lse2[h]) * kLn2);
+              if (tv[e] > 0.f && x != -INFINITY)
+                term += tv[e] * (__logf(tv[e]) - (x - lse2[h]) * kLn2);
             } else {
               g[e] = x == -INFINITY ? 0.f : coef * (exp2f(x - lse2[h]) - tv[e]);
             }
@@ -209,7 +211,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
           float* dst = p.dqp_part + edge[h] * kDp + kHalfDp * wn + 2 * (lane % 4);
 #pragma unroll
           for (int nt = 0; nt < kHalfDp / 8; ++nt)
-            *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
+            *reinterpret_cast<float2*>(dst + nt * 8) =
+                make_float2(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
         }
       }
     }
@@ -221,7 +224,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int key = 32 * wm + 16 * mt + 8 * h + lane / 4;
-        const int64_t at = (int64_t(blockIdx.x) * kKeys + key) * kDp + kHalfDp * wn + 2 * (lane % 4);
+        const int64_t at =
+            (int64_t(blockIdx.x) * kKeys + key) * kDp + kHalfDp * wn + 2 * (lane % 4);
 #pragma unroll
         for (int nt = 0; nt < kHalfDp / 8; ++nt)
           *reinterpret_cast<float2*>(p.dkp_part + at + nt * 8) =
@@ -240,7 +244,8 @@ void launch_proxy(const ProxyParams& params, cudaStream_t stream) {
   const auto kernel = proxy::proxy_kernel<T, kDp, kMode>;
   FLASH_MSA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
-  kernel<<<static_cast<unsigned>(params.items.max_items), proxy::kThreads, kBytes, stream>>>(params);
+  kernel<<<static_cast<unsigned>(params.items.max_items), proxy::kThreads, kBytes, stream>>>(
+      params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
