@@ -24,7 +24,7 @@ def step_of(peer):
     return (peer or {}).get("step", {}).get("ms")
 
 
-def page(res, json_name, plots):
+def page(res, json_name, plots, note):
     env, ceil = res["environment"], res["ceilings"]
     heads = env["heads"]
     out = [
@@ -43,6 +43,10 @@ def page(res, json_name, plots):
         f"Ceilings measured in the same run: bf16 matmul {ceil['bf16_matmul_tflops']} TFLOP/s, "
         f"device copy {ceil['copy_tbps']} TB/s.",
         "",
+    ]
+    if note:
+        out += [f"Run note: {note}", ""]
+    out += [
         "## flash-msa per stage (ms, TFLOP/s)",
         "",
         "| config | select | scheduling | forward | forward + KL value | backward | step | "
@@ -162,12 +166,13 @@ def main():
     parser.add_argument("result")
     parser.add_argument("--doc", default=os.path.join(os.path.dirname(__file__), "..", "docs",
                                                       "benchmarks.md"))
+    parser.add_argument("--note", default="", help="a sentence on the run, printed on the page")
     args = parser.parse_args()
     with open(args.result) as f:
         res = json.load(f)
     plots = make_plots(res, os.path.splitext(args.result)[0])
     with open(args.doc, "w") as f:
-        f.write(page(res, os.path.basename(args.result), plots) + "\n")
+        f.write(page(res, os.path.basename(args.result), plots, args.note) + "\n")
     print(f"wrote {args.doc}" + "".join(f" and bench/results/{p[1]}" for p in plots))
 
 
