@@ -179,6 +179,18 @@ inline std::vector<ShapeCase> attention_shapes() {
   };
 }
 
+// Shapes only the sparse kernels take: a group size that does not divide the 128-row tile, and
+// G = 32 (beyond the warmup kernels' 16).
+inline std::vector<ShapeCase> sparse_shapes() {
+  return {
+      {"S777_G3_D64_Dp32",
+       {.B = 1, .S = 777, .H = 6, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 64, .Dp = 32, .K = 3}},
+      {"B2_S640_G32_D128_docs",
+       {.B = 2, .S = 640, .H = 32, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 128, .Dp = 128, .K = 3},
+       {90, 700}},
+  };
+}
+
 // Parameters (shape, dtype, warmup) of the forward and backward tests, named
 // "<shape>_<bf16|fp16>_<sparse|warmup>".
 using ModeParam = std::tuple<ShapeCase, DType, bool /*warmup*/>;
