@@ -64,8 +64,8 @@ def want_cuda():
 
 def extension():
     with_cuda = want_cuda()
-    # -fopenmp-simd: the CPU loops' `omp simd` hints without the OpenMP runtime (the CPU backend
-    # runs on std::thread; torch brings its own OpenMP, and two runtimes in a process clash).
+    # -fopenmp-simd: the CPU loops' `omp simd` hints without an OpenMP runtime (the CPU backend
+    # runs on std::thread, so the extension adds no second OpenMP runtime beside torch's).
     cxx_flags = ["-O3", "-std=c++20", "-fopenmp-simd", "-Wall", "-Wextra", "-Wno-unused-parameter"]
     common = dict(
         name="flash_msa._C",

@@ -1,6 +1,6 @@
 // Threads of the CPU backend: plain std::thread workers, no OpenMP runtime. The library is
-// loaded into processes that bring their own OpenMP (PyTorch ships one), and two OpenMP runtimes
-// in one process do not mix; std::thread has no such conflict.
+// loaded into processes that bring their own OpenMP (PyTorch ships one); std::thread keeps a
+// second runtime, and its thread pool, out of them.
 #pragma once
 
 #include <algorithm>
