@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -200,6 +201,16 @@ inline std::string mode_case_name(const ::testing::TestParamInfo<ModeParam>& inf
   return std::string(sc.name) + (dtype == DType::kBFloat16 ? "_bf16" : "_fp16") +
          (warmup ? "_warmup" : "_sparse");
 }
+
+// Forces the portable (mma.sync) kernels while alive: on a Hopper GPU the default path of the
+// covered shapes is the sm_90a one, so the path of sm_80 and sm_100a is tested this way.
+class PortableKernels {
+ public:
+  PortableKernels() { setenv("FLASH_MSA_PORTABLE_KERNELS", "1", 1); }
+  ~PortableKernels() { unsetenv("FLASH_MSA_PORTABLE_KERNELS"); }
+  PortableKernels(const PortableKernels&) = delete;
+  PortableKernels& operator=(const PortableKernels&) = delete;
+};
 
 // Fixtures whose tests are skipped when no CUDA device is present.
 class CudaTest : public ::testing::Test {

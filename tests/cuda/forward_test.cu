@@ -134,10 +134,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaForward,
                                             ::testing::Bool()),
                          mode_case_name);
 
-using CudaSparseForward = CudaTestWithParam<ShapeCase>;
-
-TEST_P(CudaSparseForward, MatchesCpu) {
-  const Config cfg = case_config(GetParam(), DType::kBFloat16);
+void check_sparse_forward(const ShapeCase& sc) {
+  const Config cfg = case_config(sc, DType::kBFloat16);
   const Inputs in = random_inputs(cfg.d, 2468, cfg.dtype);
   const Config ref_cfg = cpu_config(cfg);
   const std::vector<int32_t> indices = run_select(ref_cfg, in);
@@ -145,26 +143,48 @@ TEST_P(CudaSparseForward, MatchesCpu) {
                cfg.dtype, true);
 }
 
+using CudaSparseForward = CudaTestWithParam<ShapeCase>;
+
+TEST_P(CudaSparseForward, MatchesCpu) { check_sparse_forward(GetParam()); }
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSparseForward, ::testing::ValuesIn(sparse_shapes()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// On an H100/H200 the D = 128 shapes take the Hopper kernel; here every shape takes the portable
+// one, the path of sm_80 and sm_100a.
+using CudaForwardPortable = CudaTest;
+
+TEST_F(CudaForwardPortable, SparseShapesMatchCpu) {
+  const PortableKernels portable;
+  std::vector<ShapeCase> shapes = attention_shapes();
+  for (const ShapeCase& sc : sparse_shapes()) shapes.push_back(sc);
+  for (const ShapeCase& sc : shapes) {
+    SCOPED_TRACE(sc.name);
+    check_sparse_forward(sc);
+  }
+}
 
 using CudaForwardChunks = CudaTest;
 
 // Small workspaces split the sequence into token chunks; every output is a fixed-order merge of
-// per-block partials, so the bits do not change.
+// per-block partials, so the bits do not change. D = 64 and 128 (the Hopper kernel's).
 TEST_F(CudaForwardChunks, SameBitsAsOneChunk) {
-  Config cfg;
-  cfg.d = {.B = 2, .S = 700, .H = 8, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 64, .Dp = 64, .K = 3};
-  cfg.dtype = DType::kBFloat16;
-  cfg.cu_seqlens = make_cu_seqlens(cfg.d, {200, 900});
-  const Inputs in = random_inputs(cfg.d, 31, cfg.dtype);
-  const std::vector<int32_t> indices = run_select(cpu_config(cfg), in);
-  const CudaOutputs one = run_cuda_forward(cfg, in, false, indices);
-  const CudaOutputs chunked = run_cuda_forward(cfg, in, false, indices, true, 128);
-  EXPECT_EQ(one.out.v, chunked.out.v);
-  EXPECT_EQ(one.lse, chunked.lse);
-  EXPECT_EQ(one.lse_proxy, chunked.lse_proxy);
-  EXPECT_EQ(std::memcmp(&one.kl, &chunked.kl, sizeof(float)), 0) << one.kl << " vs " << chunked.kl;
+  for (const int64_t D : {64, 128}) {
+    SCOPED_TRACE(D);
+    Config cfg;
+    cfg.d = {.B = 2, .S = 700, .H = 8, .Hk = 2, .Hp = 2, .Hpk = 1, .D = D, .Dp = 64, .K = 3};
+    cfg.dtype = DType::kBFloat16;
+    cfg.cu_seqlens = make_cu_seqlens(cfg.d, {200, 900});
+    const Inputs in = random_inputs(cfg.d, 31, cfg.dtype);
+    const std::vector<int32_t> indices = run_select(cpu_config(cfg), in);
+    const CudaOutputs one = run_cuda_forward(cfg, in, false, indices);
+    const CudaOutputs chunked = run_cuda_forward(cfg, in, false, indices, true, 128);
+    EXPECT_EQ(one.out.v, chunked.out.v);
+    EXPECT_EQ(one.lse, chunked.lse);
+    EXPECT_EQ(one.lse_proxy, chunked.lse_proxy);
+    EXPECT_EQ(std::memcmp(&one.kl, &chunked.kl, sizeof(float)), 0)
+        << one.kl << " vs " << chunked.kl;
+  }
 }
 
 using CudaForwardKl = CudaTest;

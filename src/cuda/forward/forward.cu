@@ -18,6 +18,7 @@
 #include "cuda/common/workspace.h"
 #include "cuda/forward/sm80/forward_sm80.h"
 #include "cuda/forward/sm80/sparse_sm80.h"
+#include "cuda/forward/sm90/sparse_sm90.h"
 #include "cuda/proxy/sm80/proxy_sm80.h"
 #include "flash_msa/cuda.h"
 
@@ -225,7 +226,8 @@ void sparse_forward_impl(const ForwardParams& params, Workspace workspace, cudaS
         .scale_log2 = pr.scale * kLog2e,
     };
     dispatch_attention(pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
-      sm80::launch_sparse_forward<T, kD>(fp, stream);
+      if (kD != 128 || !sm90::launch_sparse_forward<T>(fp, stream))
+        sm80::launch_sparse_forward<T, kD>(fp, stream);
       sm80::launch_proxy<T, kDp, sm80::ProxyMode::kLse>(pp, stream);
       sm80::launch_merge<T, kD>(mp, stream);
       if (!kl) return;

@@ -19,22 +19,70 @@ namespace flash_msa::cuda::sm80::merge {
 inline constexpr int kThreads = 256;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// The kLanes = D / 8 lanes of one (token, head) row (an aligned segment of the warp; lane `sub`
+// of it) cooperate on the row's per-slot scalars, so that their loads go out together rather
+// than one dependent load per slot: lane sub takes slots sub, sub + kLanes, ...
+
+template <int kLanes>
+__device__ __forceinline__ float segment_max(float x) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+template <int kLanes>
+__device__ __forceinline__ float segment_sum(float x) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// schedule::valid_slots of an index row with the entries loaded across the segment.
+template <int kLanes>
+__device__ __forceinline__ uint64_t valid_slots(const int32_t* row, int top_k, int own_block,
+                                                int first_block, int sub) {
+  uint64_t mask = 0;
+  int prev = -1;
+  for (int k0 = 0; k0 < top_k; k0 += kLanes) {
+    const int mine = k0 + sub < top_k ? __ldg(row + k0 + sub) : -1;
+#pragma unroll
+    for (int j = 0; j < kLanes; ++j) {
+      const int n = __shfl_sync(0xffffffffu, mine, j, kLanes);
+      if (k0 + j < top_k && n >= first_block && n <= own_block && n > prev) {
+        mask |= uint64_t(1) << (k0 + j);
+        prev = n;
+      }
+    }
+  }
+  return mask;
+}
+
 // log2 of sum over the set bits k of `slots` of exp2(part[k * stride]); -inf for no slots.
-__device__ __forceinline__ float merge_lse2(const float* part, int64_t stride, uint64_t slots) {
+template <int kLanes>
+__device__ __forceinline__ float merge_lse2(const float* part, int64_t stride, uint64_t slots,
+                                            int sub) {
   float mx = -INFINITY;
-  for (uint64_t s = slots; s; s &= s - 1) mx = fmaxf(mx, part[(__ffsll(s) - 1) * stride]);
+#pragma unroll
+  for (int k = sub; k < 64; k += kLanes)
+    if ((slots >> k) & 1) mx = fmaxf(mx, part[k * stride]);
+  mx = segment_max<kLanes>(mx);
   if (mx == -INFINITY) return -INFINITY;
   float sum = 0.f;
-  for (uint64_t s = slots; s; s &= s - 1) sum += exp2f(part[(__ffsll(s) - 1) * stride] - mx);
-  return mx + __log2f(sum);
+#pragma unroll
+  for (int k = sub; k < 64; k += kLanes)
+    if ((slots >> k) & 1) sum += exp2f(part[k * stride] - mx);
+  return mx + __log2f(segment_sum<kLanes>(sum));
 }
 
 template <class T, int kD>
 __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
-  constexpr int kChunks = kD / 8;  // 8 columns (16 bytes of a partial row) per thread
+  constexpr int kChunks = kD / 8;  // 8 columns (16 bytes of a partial row) per lane
   const int tokens = p.chunk_end - p.chunk_begin;
   int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (x >= int64_t(p.batch) * p.proxy_heads * tokens * p.group * kChunks) return;
+  // Lanes past the end stay (on the last row) for the segment's shuffles but store nothing.
+  const int64_t total = int64_t(p.batch) * p.proxy_heads * tokens * p.group * kChunks;
+  const bool live = x < total;
+  x = min(x, total - 1);
   const int chunk = static_cast<int>(x % kChunks);
   x /= kChunks;
   const int g = static_cast<int>(x % p.group);
@@ -46,14 +94,16 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   const int i = p.chunk_begin + t;
 
   const uint64_t slots =
-      schedule::valid_slots(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
-                            __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
+      valid_slots<kChunks>(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
+                           __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128, chunk);
   const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;  // chunk-local edge of slot 0
-  const float lse2 = merge_lse2(p.lse_part + ce0 * p.group + g, p.group, slots);
+  const float lse2 = merge_lse2<kChunks>(p.lse_part + ce0 * p.group + g, p.group, slots, chunk);
+  const float lse_p2 = merge_lse2<kChunks>(p.lse_p_part + ce0, 1, slots, chunk);
+  if (!live) return;
 
   float acc[8] = {};
   // Independent iterations, unrolled so that several 16-byte loads are in flight.
-#pragma unroll 4
+#pragma unroll 8
   for (int k = 0; k < p.top_k; ++k) {
     if (!((slots >> k) & 1)) continue;
     const int64_t row = (ce0 + k) * p.group + g;
@@ -76,8 +126,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
     *reinterpret_cast<uint32_t*>(out + (t0 + e) * 8 + 2 * c) =
         Elem<T>::pack(acc[2 * e], acc[2 * e + 1]);
   if (chunk == 0) p.lse[(int64_t(b) * p.heads + head) * p.seqlen + i] = lse2 * kLn2;
-  if (chunk == 0 && g == 0)
-    p.lse_proxy[bp * p.seqlen + i] = merge_lse2(p.lse_p_part + ce0, 1, slots) * kLn2;
+  if (chunk == 0 && g == 0) p.lse_proxy[bp * p.seqlen + i] = lse_p2 * kLn2;
 }
 
 }  // namespace flash_msa::cuda::sm80::merge

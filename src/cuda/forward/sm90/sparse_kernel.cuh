@@ -1,0 +1,255 @@
+// Hopper (wgmma) sparse main-attention forward of MSA (SPEC section 2), key-block-outer like
+// the portable kernel (forward/sm80/sparse_kernel.cuh, which explains the choice), with the same
+// work items and the same partial results, so the merge is shared.
+//
+// One CTA takes a work item (up to 256 tokens that selected key block n of proxy head p): all
+// 256 threads load K_n and V_n into shared memory once; then each of the two warpgroups walks
+// its own query tiles of 64 rows (floor(64 / G) tokens x G heads; tiles wg, wg + 2, ...), with
+// its next tile's gather (cp.async) in flight while it computes the current one. The warpgroups
+// synchronise only on their own named barrier, so one's softmax and stores overlap the other's
+// tensor-core work.
+//
+// Per tile: S = Q K^T as eight m64n128k16 wgmma from shared memory (fp32, 64 registers); the
+// block has only 128 keys, so the softmax is one pass (row max, exp2 of log2(e)-prescaled
+// scores, row sum), no rescaling; P, rounded to the input dtype, stays in registers as the A
+// operand of O = P V (m64n64k16 per 64 columns of V, V read MN-major). Partial rows go out in
+// the portable kernel's fragment order (lane quad c: columns 8 t + 2 c, 8 t + 2 c + 1).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/common/check.h"
+#include "cuda/common/tile_sm80.cuh"
+#include "cuda/common/warp_reduce.cuh"
+#include "cuda/common/wgmma_sm90.cuh"
+#include "cuda/forward/sm90/sparse_sm90.h"
+#include "cuda/schedule/edges.cuh"
+
+namespace flash_msa::cuda::sm90::sparse_forward {
+
+inline constexpr int kWarpgroups = 2;
+inline constexpr int kThreads = 128 * kWarpgroups;
+inline constexpr int kRows = 64;   // rows of a warpgroup's query tile
+inline constexpr int kKeys = 128;  // keys of a block
+inline constexpr int kD = 128;     // head dim (two 64-column panels)
+
+// K, V of the block and two query tiles per warpgroup, SW128 panels (wgmma_sm90.cuh), plus
+// slack to align the start to 1024 bytes.
+struct SharedMemory {
+  static constexpr int kKvBytes = kKeys * kD * 2;
+  static constexpr int kQBytes = kRows * kD * 2;
+  static constexpr int kBytes = 2 * kKvBytes + 2 * kWarpgroups * kQBytes + 1024;
+};
+
+// Rows [0, kRowsT) of an SW128-panel tile from global memory, row r from row_ptr(r) or zeros
+// where that is null; `thread` of kThreadsT copying threads. Asynchronous: the caller commits.
+template <int kRowsT, int kThreadsT, class T, class RowPtr>
+__device__ __forceinline__ void copy_rows_sw128(unsigned char* tile, const RowPtr& row_ptr,
+                                                const T* any_global, int thread) {
+  constexpr int kChunks = kD / 8;
+#pragma unroll 4
+  for (int x = thread; x < kRowsT * kChunks; x += kThreadsT) {
+    const int row = x / kChunks, chunk = x % kChunks;
+    const T* src = row_ptr(row);
+    cp_async_16(tile + sw128_offset<kRowsT>(row, chunk), src ? src + chunk * 8 : any_global,
+                src != nullptr);
+  }
+}
+
+// Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::SparseForwardParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* s_k = smem;
+  unsigned char* s_v = s_k + SharedMemory::kKvBytes;
+  unsigned char* s_q = s_v + SharedMemory::kKvBytes;
+
+  schedule::Item item;
+  if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  const int warp = wt / 32, lane = threadIdx.x % 32;
+  const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
+  const int key0 = item.block * kKeys;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_stride_b + (head0 / p.kv_group) * p.k_stride_h;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_stride_b + (head0 / p.kv_group) * p.v_stride_h;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h;
+  const uint64_t* entries = p.index.entries;
+  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
+
+  copy_rows_sw128<kKeys, kThreads>(
+      s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k_stride_s : nullptr; }, k,
+      threadIdx.x);
+  copy_rows_sw128<kKeys, kThreads>(
+      s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v_stride_s : nullptr; }, v,
+      threadIdx.x);
+  cp_async_commit();
+
+  const int tile_tokens = kRows / p.group;
+  const int tiles = (item.end - item.begin + tile_tokens - 1) / tile_tokens;
+  auto q_buffer = [&](int i) { return s_q + (2 * wg + i % 2) * SharedMemory::kQBytes; };
+  auto load_q = [&](int tile, unsigned char* dst) {
+    const int e0 = item.begin + tile * tile_tokens;
+    copy_rows_sw128<kRows, 128>(
+        dst,
+        [&](int r) -> const T* {
+          const int t = r / p.group;
+          if (t >= tile_tokens || e0 + t >= item.end) return nullptr;
+          const int token = schedule::entry_token(entries[e0 + t]);
+          return q + (r % p.group) * p.q_stride_h + token * p.q_stride_s;
+        },
+        q, wt);
+    cp_async_commit();
+  };
+  if (wg < tiles) load_q(wg, q_buffer(0));
+  cp_async_wait<0>();
+  fence_async_shared();
+  __syncthreads();  // K, V and each warpgroup's first tile are in place
+
+  const uint32_t k_addr = smem_addr(s_k), v_addr = smem_addr(s_v);
+  for (int i = 0, tile = wg; tile < tiles; ++i, tile += kWarpgroups) {
+    if (i > 0) {
+      cp_async_wait<0>();
+      fence_async_shared();
+      warpgroup_sync(wg);  // this tile landed; every warp is past the previous tile's Q K^T
+    }
+    if (tile + kWarpgroups < tiles) load_q(tile + kWarpgroups, q_buffer(i + 1));
+    const int e0 = item.begin + tile * tile_tokens;
+    const int live_rows = min(tile_tokens, item.end - e0) * p.group;
+
+    // S = Q K^T over the block's 128 keys; K-steps of 16 columns: 4 per 64-column panel.
+    float s[64];
+    const uint32_t q_addr = smem_addr(q_buffer(i));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t offset = (kk % 4) * 32;  // bytes into the panel's 128-byte rows
+      wgmma_m64n128k16_ss<T>(s, sw128_desc(q_addr + (kk / 4) * kRows * 128 + offset, 16, 1024),
+                             sw128_desc(k_addr + (kk / 4) * kKeys * 128 + offset, 16, 1024),
+                             kk > 0);
+    }
+    wgmma_commit();
+
+    // This lane's rows: 16 warp + 8 h + lane / 4 (h = 0, 1), token query[h], document first[h].
+    int query[2], first[2];
+    bool need_mask = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + 8 * h + lane / 4;
+      query[h] = INT_MAX;
+      first[h] = INT_MIN;
+      if (r < live_rows) {
+        query[h] = schedule::entry_token(entries[e0 + r / p.group]);
+        first[h] = __ldg(doc_start + query[h]);
+        need_mask |= query[h] < key0 + kKeys - 1 || first[h] > key0;
+      }
+    }
+    need_mask = __any_sync(0xffffffffu, need_mask);
+    wgmma_wait<0>();
+    fence_operands(s);
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+      float x = s[j] * p.scale_log2;
+      if (need_mask) {
+        const int key = key0 + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);
+        const int h = (j % 4) / 2;
+        if (key > query[h] || key < first[h]) x = -INFINITY;
+      }
+      s[j] = x;
+      m[(j % 4) / 2] = fmaxf(m[(j % 4) / 2], x);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m[h] = quad_max(m[h]);
+      // A row with no visible key keeps m = -inf: subtract 0 then, not -inf.
+      const float m_use = m[h] == -INFINITY ? 0.f : m[h];
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        s[4 * t + 2 * h] = exp2f(s[4 * t + 2 * h] - m_use);
+        s[4 * t + 2 * h + 1] = exp2f(s[4 * t + 2 * h + 1] - m_use);
+        l[h] += s[4 * t + 2 * h] + s[4 * t + 2 * h + 1];
+      }
+      l[h] = quad_sum(l[h]);
+    }
+
+    // O = P V: P (keys 16 kk ..) as A registers; V's rows are keys, MN-major, one wgmma per
+    // 64-column panel.
+    uint32_t a[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const float(&lo)[4] = *reinterpret_cast<const float(*)[4]>(s + 8 * kk);
+      const float(&hi)[4] = *reinterpret_cast<const float(*)[4]>(s + 8 * kk + 4);
+      sm80::acc_to_a<T>(a[kk], lo, hi);
+    }
+    float o[2][32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+#pragma unroll
+      for (int panel = 0; panel < 2; ++panel)
+        wgmma_m64n64k16_rs_mn<T>(
+            o[panel], a[kk],
+            sw128_desc(v_addr + panel * kKeys * 128 + kk * 16 * 128, kKeys * 128, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o[0]);
+    fence_operands(o[1]);
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + 8 * h + lane / 4;
+      if (r >= live_rows) continue;
+      const uint64_t entry = entries[e0 + r / p.group];
+      const int64_t ce =
+          (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
+              p.top_k +
+          schedule::entry_slot(entry);
+      const int64_t row = ce * p.group + r % p.group;
+      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      uint32_t packed[kD / 8];
+#pragma unroll
+      for (int t = 0; t < kD / 8; ++t)
+        packed[t] = Elem<T>::pack(o[t / 8][4 * (t % 8) + 2 * h] * inv,
+                                  o[t / 8][4 * (t % 8) + 2 * h + 1] * inv);
+      uint4* dst =
+          reinterpret_cast<uint4*>(static_cast<T*>(p.o_part) + row * kD + (lane % 4) * (kD / 4));
+#pragma unroll
+      for (int x = 0; x < kD / 32; ++x)
+        dst[x] = make_uint4(packed[4 * x], packed[4 * x + 1], packed[4 * x + 2], packed[4 * x + 3]);
+      if (lane % 4 == 0) p.lse_part[row] = l[h] > 0.f ? m[h] + __log2f(l[h]) : -INFINITY;
+    }
+  }
+#else
+  __trap();  // built without sm_90a code; launch_sparse_forward does not launch it then
+#endif
+}
+
+}  // namespace flash_msa::cuda::sm90::sparse_forward
+
+namespace flash_msa::cuda::sm90 {
+
+template <class T>
+bool launch_sparse_forward(const sm80::SparseForwardParams& params, cudaStream_t stream) {
+  const auto kernel = sparse_forward::forward_kernel<T>;
+  if (!hopper_kernels_usable(reinterpret_cast<const void*>(kernel))) return false;
+  constexpr int kBytes = sparse_forward::SharedMemory::kBytes;
+  FLASH_MSA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  kernel<<<static_cast<unsigned>(params.items.max_items), sparse_forward::kThreads, kBytes,
+           stream>>>(params);
+  FLASH_MSA_CHECK_LAUNCH();
+  return true;
+}
+
+}  // namespace flash_msa::cuda::sm90
