@@ -23,7 +23,8 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
 
 // Sparse mode works through the sequence in token chunks whose partial results fit the
 // workspace it is given: *_workspace_bytes(params, false) sizes one chunk of the whole sequence
-// or, for long sequences, of as many tokens as about 8 GiB of partial buffers hold;
+// or, for long sequences, what the smallest chunk needs (index, accumulators and per-bucket
+// buffers over the whole sequence) plus 8 GiB of per-token partial buffers;
 // max_chunk_tokens > 0 sizes chunks of at most that many tokens per batch row instead (rounded
 // down to a multiple of 128, at least 128), trading speed for memory. Results do not depend on
 // the chunking, except the order of the fp32 sums of dk, dv, dkp over chunks.

@@ -25,7 +25,9 @@ namespace flash_msa::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr size_t kDefaultChunkBytes = size_t(8) << 30;  // partial buffers of the default size
+// Default workspace: what the smallest chunk needs (index, accumulators over S, and a partial
+// item per bucket, which grow with S) plus this much for the per-token partial buffers.
+constexpr size_t kDefaultChunkBytes = size_t(8) << 30;
 
 void check_views(const BackwardParams& params) {
   check_vector_view("qp", params.qp);
@@ -105,7 +107,9 @@ int64_t chunk_for(const Problem& pr, size_t bytes) {
 size_t sparse_workspace_bytes(const Problem& pr, int64_t max_chunk) {
   const int64_t smallest = std::min<int64_t>(pr.seqlen, kBlockSize);
   const int64_t chunk =
-      max_chunk > 0 ? max_chunk / kBlockSize * kBlockSize : chunk_for(pr, kDefaultChunkBytes);
+      max_chunk > 0
+          ? max_chunk / kBlockSize * kBlockSize
+          : chunk_for(pr, sparse_layout(pr, smallest, nullptr).total + kDefaultChunkBytes);
   return sparse_layout(pr, std::min(std::max(chunk, smallest), pr.seqlen), nullptr).total;
 }
 
@@ -251,6 +255,8 @@ void sparse_backward_impl(const BackwardParams& params, Workspace workspace, cud
           .width = width,
           .out_heads = static_cast<int>(out_heads),
           .heads_per_out = static_cast<int>(pr.proxy_heads / out_heads),
+          .keys = static_cast<int>(
+              std::min(pr.seqlen, (end + kBlockSize - 1) / kBlockSize * kBlockSize)),
           .batch = B,
           .seqlen = S,
           .proxy_heads = Hp,

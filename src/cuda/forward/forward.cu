@@ -26,7 +26,9 @@ namespace flash_msa::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr size_t kDefaultChunkBytes = size_t(8) << 30;  // partial buffers of the default size
+// Default workspace: what the smallest chunk needs (index and work items, which grow with S)
+// plus this much for the per-token partial buffers.
+constexpr size_t kDefaultChunkBytes = size_t(8) << 30;
 
 void check_views(const ForwardParams& params) {
   check_vector_view("qp", params.qp);
@@ -91,7 +93,9 @@ int64_t chunk_for(const Problem& pr, bool kl, size_t bytes) {
 size_t sparse_workspace_bytes(const Problem& pr, bool kl, int64_t max_chunk) {
   const int64_t smallest = std::min<int64_t>(pr.seqlen, kBlockSize);
   const int64_t chunk =
-      max_chunk > 0 ? max_chunk / kBlockSize * kBlockSize : chunk_for(pr, kl, kDefaultChunkBytes);
+      max_chunk > 0
+          ? max_chunk / kBlockSize * kBlockSize
+          : chunk_for(pr, kl, sparse_layout(pr, kl, smallest, nullptr).total + kDefaultChunkBytes);
   return sparse_layout(pr, kl, std::min(std::max(chunk, smallest), pr.seqlen), nullptr).total;
 }
 

@@ -65,9 +65,12 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
         schedule::valid_slots(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
                               __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
     const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;
-    for (uint64_t s = slots; s; s &= s - 1) {
-      const float4 v = *reinterpret_cast<const float4*>(
-          p.part + ((ce0 + __ffsll(s) - 1) * p.rows + g) * p.width + c);
+    // Independent iterations, unrolled so that several loads are in flight.
+#pragma unroll 8
+    for (int k = 0; k < p.top_k; ++k) {
+      if (!((slots >> k) & 1)) continue;
+      const float4 v =
+          *reinterpret_cast<const float4*>(p.part + ((ce0 + k) * p.rows + g) * p.width + c);
       acc.x += v.x;
       acc.y += v.y;
       acc.z += v.z;
@@ -84,11 +87,11 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
 __global__ void __launch_bounds__(kThreads) keys_reduce_kernel(const KeysReduceParams p) {
   const int quads = p.width / 4;
   int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (x >= int64_t(p.batch) * p.out_heads * p.seqlen * quads) return;
+  if (x >= int64_t(p.batch) * p.out_heads * p.keys * quads) return;
   const int col = static_cast<int>(x % quads) * 4;
   x /= quads;
-  const int j = static_cast<int>(x % p.seqlen);
-  const int64_t bc = x / p.seqlen;
+  const int j = static_cast<int>(x % p.keys);
+  const int64_t bc = x / p.keys;
   const int b = static_cast<int>(bc / p.out_heads), c = static_cast<int>(bc % p.out_heads);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   bool any = false;
@@ -153,7 +156,7 @@ void launch_rows_reduce(const RowsReduceParams& params, cudaStream_t stream) {
 
 void launch_keys_reduce(const KeysReduceParams& params, cudaStream_t stream) {
   const int64_t threads =
-      int64_t(params.batch) * params.out_heads * params.seqlen * (params.width / 4);
+      int64_t(params.batch) * params.out_heads * params.keys * (params.width / 4);
   keys_reduce_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }

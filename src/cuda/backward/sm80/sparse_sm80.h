@@ -72,6 +72,7 @@ struct KeysReduceParams {
   float* acc;         // [B, out_heads, S, width]
   schedule::Items items;
   int width, out_heads, heads_per_out;  // proxy heads per key head
+  int keys;  // rows [0, keys) of each head: the blocks the chunk's tokens can select
   int batch, seqlen, proxy_heads, num_blocks;
 };
 
