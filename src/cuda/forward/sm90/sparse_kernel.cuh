@@ -4,10 +4,11 @@
 //
 // One CTA takes a work item (up to 256 tokens that selected key block n of proxy head p): all
 // 256 threads load K_n and V_n into shared memory once; then each of the two warpgroups walks
-// its own query tiles of 64 rows (floor(64 / G) tokens x G heads; tiles wg, wg + 2, ...), with
-// its next tile's gather (cp.async) in flight while it computes the current one. The warpgroups
-// synchronise only on their own named barrier, so one's softmax and stores overlap the other's
-// tensor-core work.
+// its own query tiles of 64 rows (floor(64 / G) tokens x G heads; tiles wg, wg + 2, ...) through
+// three shared buffers: the gather (cp.async) of the tile after next is in flight, and the next
+// tile's S = Q K^T is issued before this tile's softmax, so the tensor cores work on one while
+// the other runs through the exponentials. The warpgroups synchronise only on their own named
+// barrier, so one's softmax and stores also overlap the other's tensor-core work.
 //
 // Per tile: S = Q K^T as eight m64n128k16 wgmma from shared memory (fp32, 64 registers); the
 // block has only 128 keys, so the softmax is one pass (row max, exp2 of log2(e)-prescaled
@@ -32,16 +33,17 @@ namespace flash_msa::cuda::sm90::sparse_forward {
 
 inline constexpr int kWarpgroups = 2;
 inline constexpr int kThreads = 128 * kWarpgroups;
-inline constexpr int kRows = 64;   // rows of a warpgroup's query tile
-inline constexpr int kKeys = 128;  // keys of a block
-inline constexpr int kD = 128;     // head dim (two 64-column panels)
+inline constexpr int kRows = 64;     // rows of a warpgroup's query tile
+inline constexpr int kKeys = 128;    // keys of a block
+inline constexpr int kD = 128;       // head dim (two 64-column panels)
+inline constexpr int kQBuffers = 3;  // query tiles per warpgroup in shared memory
 
-// K, V of the block and two query tiles per warpgroup, SW128 panels (wgmma_sm90.cuh), plus
+// K, V of the block and kQBuffers query tiles per warpgroup, SW128 panels (wgmma_sm90.cuh), plus
 // slack to align the start to 1024 bytes.
 struct SharedMemory {
   static constexpr int kKvBytes = kKeys * kD * 2;
   static constexpr int kQBytes = kRows * kD * 2;
-  static constexpr int kBytes = 2 * kKvBytes + 2 * kWarpgroups * kQBytes + 1024;
+  static constexpr int kBytes = 2 * kKvBytes + kQBuffers * kWarpgroups * kQBytes + 1024;
 };
 
 // Rows [0, kRowsT) of an SW128-panel tile from global memory, row r from row_ptr(r) or zeros
@@ -96,52 +98,66 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
 
   const int tile_tokens = kRows / p.group;
   const int tiles = (item.end - item.begin + tile_tokens - 1) / tile_tokens;
-  auto q_buffer = [&](int i) { return s_q + (2 * wg + i % 2) * SharedMemory::kQBytes; };
-  auto load_q = [&](int tile, unsigned char* dst) {
-    const int e0 = item.begin + tile * tile_tokens;
-    copy_rows_sw128<kRows, 128>(
-        dst,
-        [&](int r) -> const T* {
-          const int t = r / p.group;
-          if (t >= tile_tokens || e0 + t >= item.end) return nullptr;
-          const int token = schedule::entry_token(entries[e0 + t]);
-          return q + (r % p.group) * p.q_stride_h + token * p.q_stride_s;
-        },
-        q, wt);
+  // Tile i of this warpgroup is item tile wg + 2 i, in buffer i % 3. Every load commits one
+  // cp.async group, empty past the last tile, so that "all but the newest group" is always the
+  // tile needed next.
+  const int my_tiles = wg < tiles ? (tiles - wg + kWarpgroups - 1) / kWarpgroups : 0;
+  auto q_buffer = [&](int i) {
+    return s_q + (kQBuffers * wg + i % kQBuffers) * SharedMemory::kQBytes;
+  };
+  auto load_q = [&](int i) {
+    if (i < my_tiles) {
+      const int e0 = item.begin + (wg + kWarpgroups * i) * tile_tokens;
+      copy_rows_sw128<kRows, 128>(
+          q_buffer(i),
+          [&](int r) -> const T* {
+            const int t = r / p.group;
+            if (t >= tile_tokens || e0 + t >= item.end) return nullptr;
+            const int token = schedule::entry_token(entries[e0 + t]);
+            return q + (r % p.group) * p.q_stride_h + token * p.q_stride_s;
+          },
+          q, wt);
+    }
     cp_async_commit();
   };
-  if (wg < tiles) load_q(wg, q_buffer(0));
-  cp_async_wait<0>();
-  fence_async_shared();
-  __syncthreads();  // K, V and each warpgroup's first tile are in place
-
   const uint32_t k_addr = smem_addr(s_k), v_addr = smem_addr(s_v);
-  for (int i = 0, tile = wg; tile < tiles; ++i, tile += kWarpgroups) {
-    if (i > 0) {
-      cp_async_wait<0>();
-      fence_async_shared();
-      warpgroup_sync(wg);  // this tile landed; every warp is past the previous tile's Q K^T
-    }
-    if (tile + kWarpgroups < tiles) load_q(tile + kWarpgroups, q_buffer(i + 1));
-    const int e0 = item.begin + tile * tile_tokens;
-    const int live_rows = min(tile_tokens, item.end - e0) * p.group;
-
-    // S = Q K^T over the block's 128 keys; K-steps of 16 columns: 4 per 64-column panel.
-    float s[64];
+  // S = Q K^T of tile i over the block's 128 keys; K-steps of 16 columns, 4 per 64-column panel.
+  auto issue_scores = [&](float(&acc)[64], int i) {
     const uint32_t q_addr = smem_addr(q_buffer(i));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t offset = (kk % 4) * 32;  // bytes into the panel's 128-byte rows
-      wgmma_m64n128k16_ss<T>(s, sw128_desc(q_addr + (kk / 4) * kRows * 128 + offset, 16, 1024),
+      wgmma_m64n128k16_ss<T>(acc, sw128_desc(q_addr + (kk / 4) * kRows * 128 + offset, 16, 1024),
                              sw128_desc(k_addr + (kk / 4) * kKeys * 128 + offset, 16, 1024),
                              kk > 0);
     }
     wgmma_commit();
+  };
 
-    // This lane's rows: 16 warp + 8 h + lane / 4 (h = 0, 1), token query[h], document first[h].
+  load_q(0);
+  load_q(1);
+  cp_async_wait<1>();
+  fence_async_shared();
+  __syncthreads();  // K, V and each warpgroup's first tile are in place
+  if (my_tiles == 0) return;
+
+  float s[64], s_next[64];
+  issue_scores(s, 0);
+  int i = 0;
+  do {                // my_tiles >= 1: no branch between the first issue and its wait
+    wgmma_wait<0>();  // S of tile i
+    fence_operands(s);
+    // Buffer (i + 2) % 3 held tile i - 1, whose S every warp finished before the last barrier.
+    load_q(i + 2);
+    cp_async_wait<1>();
+    fence_async_shared();
+    warpgroup_sync(wg);  // tile i + 1 landed; every warp is past the S of tile i
+    const int e0 = item.begin + (wg + kWarpgroups * i) * tile_tokens;
+    const int live_rows = min(tile_tokens, item.end - e0) * p.group;
+    // This lane's rows: 16 warp + 8 h + lane / 4 (h = 0, 1), token query[h], document first[h]
+    // (no masking on rows past the tile's end).
     int query[2], first[2];
-    bool need_mask = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * warp + 8 * h + lane / 4;
@@ -150,24 +166,23 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       if (r < live_rows) {
         query[h] = schedule::entry_token(entries[e0 + r / p.group]);
         first[h] = __ldg(doc_start + query[h]);
-        need_mask |= query[h] < key0 + kKeys - 1 || first[h] > key0;
       }
     }
-    need_mask = __any_sync(0xffffffffu, need_mask);
-    wgmma_wait<0>();
-    fence_operands(s);
+
+    // The next tile's S runs on the tensor cores during this tile's softmax, which is
+    // straight-line code up to the wait (a branch there would make the compiler wait first).
+    // After the last tile this recomputes the current one, unused: an unconditional issue
+    // keeps the branch out.
+    issue_scores(s_next, min(i + 1, my_tiles - 1));
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 64; ++j) {
-      float x = s[j] * p.scale_log2;
-      if (need_mask) {
-        const int key = key0 + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);
-        const int h = (j % 4) / 2;
-        if (key > query[h] || key < first[h]) x = -INFINITY;
-      }
+      const int key = key0 + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);
+      const int h = (j % 4) / 2;
+      const float x = key > query[h] || key < first[h] ? -INFINITY : s[j] * p.scale_log2;
       s[j] = x;
-      m[(j % 4) / 2] = fmaxf(m[(j % 4) / 2], x);
+      m[h] = fmaxf(m[h], x);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -202,9 +217,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
             o[panel], a[kk],
             sw128_desc(v_addr + panel * kKeys * 128 + kk * 16 * 128, kKeys * 128, 1024), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // P V of this tile and S of the next
     fence_operands(o[0]);
     fence_operands(o[1]);
+    fence_operands(s_next);
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -229,7 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
         dst[x] = make_uint4(packed[4 * x], packed[4 * x + 1], packed[4 * x + 2], packed[4 * x + 3]);
       if (lane % 4 == 0) p.lse_part[row] = l[h] > 0.f ? m[h] + __log2f(l[h]) : -INFINITY;
     }
-  }
+#pragma unroll
+    for (int j = 0; j < 64; ++j) s[j] = s_next[j];
+  } while (++i < my_tiles);
 #else
   __trap();  // built without sm_90a code; launch_sparse_forward does not launch it then
 #endif
