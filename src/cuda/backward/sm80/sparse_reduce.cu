@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
                               __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
     const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;
     // Independent iterations, unrolled so that several loads are in flight.
-#pragma unroll 8
+#pragma unroll 4
     for (int k = 0; k < p.top_k; ++k) {
       if (!((slots >> k) & 1)) continue;
       const float4 v =
