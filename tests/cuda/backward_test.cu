@@ -164,10 +164,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackward,
                                             ::testing::Bool()),
                          mode_case_name);
 
-using CudaSparseBackward = CudaTestWithParam<ShapeCase>;
-
-TEST_P(CudaSparseBackward, MatchesCpu) {
-  const Config cfg = case_config(GetParam(), DType::kBFloat16);
+void check_sparse_backward(const ShapeCase& sc) {
+  const Config cfg = case_config(sc, DType::kBFloat16);
   const Inputs in = random_inputs(cfg.d, 1357, cfg.dtype);
   const Config ref_cfg = cpu_config(cfg);
   const std::vector<int32_t> indices = run_select(ref_cfg, in);
@@ -177,31 +175,53 @@ TEST_P(CudaSparseBackward, MatchesCpu) {
   expect_match(run_cuda_backward(cfg, in, fwd, false, indices, &w).g, want, cfg.dtype, true);
 }
 
+using CudaSparseBackward = CudaTestWithParam<ShapeCase>;
+
+TEST_P(CudaSparseBackward, MatchesCpu) { check_sparse_backward(GetParam()); }
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSparseBackward, ::testing::ValuesIn(sparse_shapes()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// On an H100/H200 the D = 128 shapes take the Hopper kernel; here every shape takes the portable
+// one, the path of sm_80 and sm_100a.
+using CudaBackwardPortable = CudaTest;
+
+TEST_F(CudaBackwardPortable, SparseShapesMatchCpu) {
+  const PortableKernels portable;
+  std::vector<ShapeCase> shapes = backward_shapes();
+  for (const ShapeCase& sc : sparse_shapes()) shapes.push_back(sc);
+  for (const ShapeCase& sc : shapes) {
+    SCOPED_TRACE(sc.name);
+    check_sparse_backward(sc);
+  }
+}
 
 using CudaBackwardChunks = CudaTest;
 
 // Token chunks (a small workspace): dq and dqp are per-token sums in slot order and keep their
 // bits; dk, dv, dkp add the chunks' fp32 sums in another order, within rounding.
+// D = 64 and 128 (the Hopper kernel's).
 TEST_F(CudaBackwardChunks, ChunkedMatchesOneChunk) {
-  Config cfg;
-  cfg.d = {.B = 2, .S = 700, .H = 8, .Hk = 2, .Hp = 4, .Hpk = 1, .D = 64, .Dp = 64, .K = 3};
-  cfg.dtype = DType::kBFloat16;
-  cfg.cu_seqlens = make_cu_seqlens(cfg.d, {200, 900});
-  const Inputs in = random_inputs(cfg.d, 57, cfg.dtype);
-  const Config ref_cfg = cpu_config(cfg);
-  const std::vector<int32_t> indices = run_select(ref_cfg, in);
-  const Outputs fwd = reference_forward(ref_cfg, cfg.dtype, in, false, indices);
-  const float w = 0.75f * static_cast<float>(cfg.d.B * cfg.d.Hp * cfg.d.S);
-  const CudaGrads one = run_cuda_backward(cfg, in, fwd, false, indices, &w);
-  const CudaGrads chunked = run_cuda_backward(cfg, in, fwd, false, indices, &w, 128);
-  EXPECT_TRUE(one.bits[0] == chunked.bits[0]) << "dqp";
-  EXPECT_TRUE(one.bits[2] == chunked.bits[2]) << "dq";
-  EXPECT_LT(rel_l2(chunked.g.dkp.v, one.g.dkp.v), 1e-3);
-  EXPECT_LT(rel_l2(chunked.g.dk.v, one.g.dk.v), 1e-3);
-  EXPECT_LT(rel_l2(chunked.g.dv.v, one.g.dv.v), 1e-3);
-  expect_match(chunked.g, run_backward(ref_cfg, in, fwd, false, indices, &w), cfg.dtype, true);
+  for (const int64_t D : {64, 128}) {
+    SCOPED_TRACE(D);
+    Config cfg;
+    cfg.d = {.B = 2, .S = 700, .H = 8, .Hk = 2, .Hp = 4, .Hpk = 1, .D = D, .Dp = 64, .K = 3};
+    cfg.dtype = DType::kBFloat16;
+    cfg.cu_seqlens = make_cu_seqlens(cfg.d, {200, 900});
+    const Inputs in = random_inputs(cfg.d, 57, cfg.dtype);
+    const Config ref_cfg = cpu_config(cfg);
+    const std::vector<int32_t> indices = run_select(ref_cfg, in);
+    const Outputs fwd = reference_forward(ref_cfg, cfg.dtype, in, false, indices);
+    const float w = 0.75f * static_cast<float>(cfg.d.B * cfg.d.Hp * cfg.d.S);
+    const CudaGrads one = run_cuda_backward(cfg, in, fwd, false, indices, &w);
+    const CudaGrads chunked = run_cuda_backward(cfg, in, fwd, false, indices, &w, 128);
+    EXPECT_TRUE(one.bits[0] == chunked.bits[0]) << "dqp";
+    EXPECT_TRUE(one.bits[2] == chunked.bits[2]) << "dq";
+    EXPECT_LT(rel_l2(chunked.g.dkp.v, one.g.dkp.v), 1e-3);
+    EXPECT_LT(rel_l2(chunked.g.dk.v, one.g.dk.v), 1e-3);
+    EXPECT_LT(rel_l2(chunked.g.dv.v, one.g.dv.v), 1e-3);
+    expect_match(chunked.g, run_backward(ref_cfg, in, fwd, false, indices, &w), cfg.dtype, true);
+  }
 }
 
 Config determinism_config() {
@@ -215,9 +235,13 @@ Config determinism_config() {
 using CudaBackwardDeterminism = CudaTest;
 
 // Deterministic mode: two runs give identical bits for every gradient.
+// D = 64 and, sparse, 128 (the Hopper kernel's).
 TEST_F(CudaBackwardDeterminism, BitwiseIdenticalRuns) {
-  for (bool warmup : {false, true}) {
+  for (const auto& [warmup, D] :
+       {std::pair{false, 64}, std::pair{true, 64}, std::pair{false, 128}}) {
+    SCOPED_TRACE(D);
     Config cfg = determinism_config();
+    cfg.d.D = D;
     cfg.deterministic = true;
     const Inputs in = random_inputs(cfg.d, 99, cfg.dtype);
     const Config ref_cfg = cpu_config(cfg);

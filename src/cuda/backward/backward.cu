@@ -14,6 +14,7 @@
 
 #include "cuda/backward/sm80/backward_sm80.h"
 #include "cuda/backward/sm80/sparse_sm80.h"
+#include "cuda/backward/sm90/sparse_sm90.h"
 #include "cuda/common/check.h"
 #include "cuda/common/dispatch.h"
 #include "cuda/common/limits.h"
@@ -265,7 +266,8 @@ void sparse_backward_impl(const BackwardParams& params, Workspace workspace, cud
     };
     dispatch_attention(pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
       if (begin == 0) sm80::launch_delta<T>(dp, stream);
-      sm80::launch_sparse_backward<T, kD, false>(bp, stream);
+      if (kD != 128 || !sm90::launch_sparse_backward<T>(bp, stream))
+        sm80::launch_sparse_backward<T, kD, false>(bp, stream);
       if (proxy) sm80::launch_proxy<T, kDp, sm80::ProxyMode::kGrad>(pp, stream);
       sm80::launch_rows_reduce<T>(rows(ws.dq_part, params.dq, pr.scale, group, D), stream);
       sm80::launch_rows_reduce<T>(

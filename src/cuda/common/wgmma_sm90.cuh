@@ -1,5 +1,5 @@
 // Hopper (sm_90a) warpgroup tensor-core primitives: shared-memory matrix descriptors of
-// 128-byte-swizzled tiles, wgmma.mma_async in the two shapes the kernels use, and the fences
+// 128-byte-swizzled tiles, wgmma.mma_async in the shapes the kernels use, and the fences
 // around it (PTX ISA, "Asynchronous warpgroup level matrix multiply-accumulate").
 //
 // Tile layout ("SW128 panels"): a [rows, C] tile of 16-bit elements is stored as C / 64 panels of
@@ -25,6 +25,23 @@ namespace flash_msa::cuda::sm90 {
 template <int kRows>
 __device__ __forceinline__ int sw128_offset(int row, int chunk) {
   return (chunk / 8) * kRows * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+}
+
+// Rows [0, kRows) of an SW128-panel tile of kC columns from global memory, row r from
+// row_ptr(r) or zeros where that is null (nothing is read; `any_global` only stands in as the
+// source address); `thread` is this thread's rank among the kThreads copying threads.
+// Asynchronous: the caller commits and waits.
+template <int kRows, int kC, int kThreads, class T, class RowPtr>
+__device__ __forceinline__ void copy_rows_sw128(unsigned char* tile, const RowPtr& row_ptr,
+                                                const T* any_global, int thread) {
+  constexpr int kChunks = kC / 8;
+#pragma unroll 4
+  for (int x = thread; x < kRows * kChunks; x += kThreads) {
+    const int row = x / kChunks, chunk = x % kChunks;
+    const T* src = row_ptr(row);
+    cp_async_16(tile + sw128_offset<kRows>(row, chunk), src ? src + chunk * 8 : any_global,
+                src != nullptr);
+  }
 }
 
 // Descriptor of a 128B-swizzled operand at shared address `addr`: `sbo` bytes between 8-row groups
@@ -101,6 +118,20 @@ struct WgmmaType<__half> {
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
 
+#define FLASH_MSA_WGMMA_M64N64K16_SS(TY)                                                           \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                      \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, " \
+      "%36;\n}\n"                                                                                  \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB))
+
 // d (64 x 128) (+)= A (64 x 16, K-major, shared) * B (16 x 128, K-major, shared).
 template <class T>
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a,
@@ -122,7 +153,19 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_mn(float (&d)[32], const uint
     FLASH_MSA_WGMMA_M64N64K16_RS_MN("f16");
 }
 
+// d (64 x 64) (+)= A (64 x 16) * B (16 x 64), both in shared memory; kTransA / kTransB: the
+// operand is MN-major (1) rather than K-major (0).
+template <class T, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                   bool accumulate) {
+  if constexpr (WgmmaType<T>::kBf16)
+    FLASH_MSA_WGMMA_M64N64K16_SS("bf16");
+  else
+    FLASH_MSA_WGMMA_M64N64K16_SS("f16");
+}
+
 #undef FLASH_MSA_WGMMA_M64N128K16_SS
 #undef FLASH_MSA_WGMMA_M64N64K16_RS_MN
+#undef FLASH_MSA_WGMMA_M64N64K16_SS
 
 }  // namespace flash_msa::cuda::sm90

@@ -46,21 +46,6 @@ struct SharedMemory {
   static constexpr int kBytes = 2 * kKvBytes + kQBuffers * kWarpgroups * kQBytes + 1024;
 };
 
-// Rows [0, kRowsT) of an SW128-panel tile from global memory, row r from row_ptr(r) or zeros
-// where that is null; `thread` of kThreadsT copying threads. Asynchronous: the caller commits.
-template <int kRowsT, int kThreadsT, class T, class RowPtr>
-__device__ __forceinline__ void copy_rows_sw128(unsigned char* tile, const RowPtr& row_ptr,
-                                                const T* any_global, int thread) {
-  constexpr int kChunks = kD / 8;
-#pragma unroll 4
-  for (int x = thread; x < kRowsT * kChunks; x += kThreadsT) {
-    const int row = x / kChunks, chunk = x % kChunks;
-    const T* src = row_ptr(row);
-    cp_async_16(tile + sw128_offset<kRowsT>(row, chunk), src ? src + chunk * 8 : any_global,
-                src != nullptr);
-  }
-}
-
 // Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
@@ -88,10 +73,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   const uint64_t* entries = p.index.entries;
   const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
 
-  copy_rows_sw128<kKeys, kThreads>(
+  copy_rows_sw128<kKeys, kD, kThreads>(
       s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k_stride_s : nullptr; }, k,
       threadIdx.x);
-  copy_rows_sw128<kKeys, kThreads>(
+  copy_rows_sw128<kKeys, kD, kThreads>(
       s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v_stride_s : nullptr; }, v,
       threadIdx.x);
   cp_async_commit();
@@ -108,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   auto load_q = [&](int i) {
     if (i < my_tiles) {
       const int e0 = item.begin + (wg + kWarpgroups * i) * tile_tokens;
-      copy_rows_sw128<kRows, 128>(
+      copy_rows_sw128<kRows, kD, 128>(
           q_buffer(i),
           [&](int r) -> const T* {
             const int t = r / p.group;

@@ -1,0 +1,292 @@
+// Hopper (wgmma) sparse main-attention backward of MSA (SPEC section 4), the same algorithm,
+// work items and outputs as the portable kernel (backward/sm80/sparse_kernel.cuh: dQ per edge,
+// dK and dV per item, the teacher per edge), so the reductions that follow are shared.
+//
+// One CTA takes a work item and keeps K_n, V_n of its block in shared memory; its two
+// warpgroups share each 64-row query tile (floor(64 / G) tokens x G heads; Q and dO
+// double-buffered, the next tile's gather in flight) and split the block's keys: warpgroup w
+// owns keys 64 w .. 64 w + 63 and their dK, dV in registers (2 x 64 fp32 per thread). Per tile:
+//   S = Q K_w^T, dP = dO V_w^T              (m64n64k16 from shared memory)
+//   P = exp2(S scale log2e - lse log2e), dS = P (dP - Delta), both to shared memory in the dtype
+//   dV_w += P_w^T dO, dK_w += dS_w^T Q      (P^T, dS^T read MN-major: no transposing copies)
+//   dQ[:, 64 w ..] = dS K[:, 64 w ..]       (the whole dS, so each warpgroup owns 64 columns)
+// with one CTA barrier between the two phases (dQ needs both halves of dS) and one per tile.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/backward/sm90/sparse_sm90.h"
+#include "cuda/common/check.h"
+#include "cuda/common/wgmma_sm90.cuh"
+#include "cuda/schedule/edges.cuh"
+
+namespace flash_msa::cuda::sm90::sparse_backward {
+
+inline constexpr int kThreads = 256;  // two warpgroups
+inline constexpr int kRows = 64;      // rows of a query tile
+inline constexpr int kKeys = 128;     // keys of a block
+inline constexpr int kD = 128;        // head dim (two 64-column panels)
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// Byte offsets of the SW128-panel tiles (wgmma_sm90.cuh): K, V, Q[2], dO[2], P, dS; plus slack
+// to align the start to 1024 bytes.
+struct SharedMemory {
+  static constexpr int kKv = kKeys * kD * 2;
+  static constexpr int kTile = kRows * kD * 2;
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKv;
+  static constexpr int kQ = kV + kKv;
+  static constexpr int kDout = kQ + 2 * kTile;
+  static constexpr int kP = kDout + 2 * kTile;
+  static constexpr int kDs = kP + kRows * kKeys * 2;
+  static constexpr int kBytes = kDs + kRows * kKeys * 2 + 1024;
+};
+
+// Stores the values of keys col, col + 1 (col even) of row r of a [kRows, 128] P or dS tile.
+template <class T>
+__device__ __forceinline__ void store_pair(unsigned char* tile, int r, int col, float lo,
+                                           float hi) {
+  *reinterpret_cast<uint32_t*>(tile + sw128_offset<kRows>(r, col / 8) + (col % 8) * 2) =
+      Elem<T>::pack(lo, hi);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::SparseBackwardParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Smem = SharedMemory;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* s_p = smem + Smem::kP;
+  unsigned char* s_ds = smem + Smem::kDs;
+
+  schedule::Item item;
+  if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
+  const int key0 = item.block * kKeys;
+  const int kv = head0 / p.kv_group;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_stride_b + kv * p.k_stride_h;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_stride_b + kv * p.v_stride_h;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h;
+  const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride_b + head0 * p.dout_stride_h;
+  const uint64_t* entries = p.index.entries;
+  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
+  const int64_t stats = (int64_t(b) * p.heads + head0) * p.seqlen;  // lse / delta of head0
+
+  copy_rows_sw128<kKeys, kD, kThreads>(
+      smem + Smem::kK,
+      [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k_stride_s : nullptr; }, k,
+      threadIdx.x);
+  copy_rows_sw128<kKeys, kD, kThreads>(
+      smem + Smem::kV,
+      [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v_stride_s : nullptr; }, v,
+      threadIdx.x);
+  cp_async_commit();
+
+  const int tile_tokens = kRows / p.group;
+  auto load_tile = [&](int e0, int buf) {
+    auto token_of = [&](int r) {  // the token of tile row r, or -1 past the item
+      const int t = r / p.group;
+      return t < tile_tokens && e0 + t < item.end ? schedule::entry_token(entries[e0 + t]) : -1;
+    };
+    copy_rows_sw128<kRows, kD, kThreads>(
+        smem + Smem::kQ + buf * Smem::kTile,
+        [&](int r) -> const T* {
+          const int token = token_of(r);
+          return token < 0 ? nullptr : q + (r % p.group) * p.q_stride_h + token * p.q_stride_s;
+        },
+        q, threadIdx.x);
+    copy_rows_sw128<kRows, kD, kThreads>(
+        smem + Smem::kDout + buf * Smem::kTile,
+        [&](int r) -> const T* {
+          const int token = token_of(r);
+          return token < 0 ? nullptr
+                           : dout + (r % p.group) * p.dout_stride_h + token * p.dout_stride_s;
+        },
+        dout, threadIdx.x);
+    cp_async_commit();
+  };
+  load_tile(item.begin, 0);
+
+  // dK, dV of key 64 wg + 16 warp + lane / 4 + 8 (e / 2), column 64 half + 8 t + 2 (lane % 4) +
+  // e % 2 in [half][4 t + e].
+  float dk[2][32], dv[2][32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) dk[0][j] = dk[1][j] = dv[0][j] = dv[1][j] = 0.f;
+  const uint32_t k_addr = smem_addr(smem + Smem::kK), v_addr = smem_addr(smem + Smem::kV);
+  const uint32_t p_addr = smem_addr(s_p), ds_addr = smem_addr(s_ds);
+
+  int buf = 0;
+  for (int e0 = item.begin; e0 < item.end; e0 += tile_tokens, buf ^= 1) {
+    cp_async_wait<0>();
+    fence_async_shared();
+    __syncthreads();  // this tile landed; the last tile's products are done with every buffer
+    if (e0 + tile_tokens < item.end) load_tile(e0 + tile_tokens, buf ^ 1);
+    const uint32_t q_addr = smem_addr(smem + Smem::kQ + buf * Smem::kTile);
+    const uint32_t do_addr = smem_addr(smem + Smem::kDout + buf * Smem::kTile);
+    const int live_tokens = min(tile_tokens, item.end - e0);
+    const int live_rows = live_tokens * p.group;
+
+    // S = Q K_w^T and dP = dO V_w^T: K-steps of 16 columns, 4 per 64-column panel; this
+    // warpgroup's keys are rows 64 wg .. of each K / V panel.
+    float s[32], dp[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t panel = (kk / 4) * kRows * 128 + (kk % 4) * 32;
+      const uint32_t kv_panel = (kk / 4) * kKeys * 128 + 64 * wg * 128 + (kk % 4) * 32;
+      wgmma_m64n64k16_ss<T, 0, 0>(s, sw128_desc(q_addr + panel, 16, 1024),
+                                  sw128_desc(k_addr + kv_panel, 16, 1024), kk > 0);
+      wgmma_m64n64k16_ss<T, 0, 0>(dp, sw128_desc(do_addr + panel, 16, 1024),
+                                  sw128_desc(v_addr + kv_panel, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+
+    // Rows 16 warp + 8 h + lane / 4, while the products run; past the tile: no visible key.
+    int query[2], first[2];
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + 8 * h + lane / 4;
+      query[h] = -1;
+      first[h] = INT_MAX;
+      lse2[h] = 0.f;
+      delta[h] = 0.f;
+      if (r < live_rows) {
+        query[h] = schedule::entry_token(entries[e0 + r / p.group]);
+        first[h] = __ldg(doc_start + query[h]);
+        const int64_t at = stats + int64_t(r % p.group) * p.seqlen + query[h];
+        lse2[h] = __ldg(p.lse + at) * kLog2e;
+        delta[h] = __ldg(p.delta + at);
+      }
+    }
+    wgmma_wait<0>();
+    fence_operands(s);
+    fence_operands(dp);
+
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = 64 * wg + 8 * t + 2 * (lane % 4);
+        float pr[2], ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + col + e;
+          const bool visible = key <= query[h] && key >= first[h];
+          pr[e] = visible ? exp2f(s[4 * t + 2 * h + e] * p.scale_log2 - lse2[h]) : 0.f;
+          ds[e] = pr[e] * (dp[4 * t + 2 * h + e] - delta[h]);
+        }
+        const int r = 16 * warp + 8 * h + lane / 4;
+        store_pair<T>(s_p, r, col, pr[0], pr[1]);
+        store_pair<T>(s_ds, r, col, ds[0], ds[1]);
+      }
+    fence_async_shared();
+    __syncthreads();  // both halves of P and dS are in place
+
+    // dV_w += P_w^T dO and dK_w += dS_w^T Q over the tile's rows (16 per step; P, dS read
+    // MN-major from panel wg; dO, Q MN-major per 64-column half); dQ = dS K[:, 64 wg ..] over
+    // the block's keys (dS K-major, K MN-major from panel wg).
+    float dq[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      const uint32_t rows = kk * 16 * 128;
+      const uint64_t a_p = sw128_desc(p_addr + wg * kRows * 128 + rows, 16, 1024);
+      const uint64_t a_ds = sw128_desc(ds_addr + wg * kRows * 128 + rows, 16, 1024);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t cols = half * kRows * 128 + rows;
+        wgmma_m64n64k16_ss<T, 1, 1>(dv[half], a_p, sw128_desc(do_addr + cols, 16, 1024), true);
+        wgmma_m64n64k16_ss<T, 1, 1>(dk[half], a_ds, sw128_desc(q_addr + cols, 16, 1024), true);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_m64n64k16_ss<T, 0, 1>(
+          dq, sw128_desc(ds_addr + (kk / 4) * kRows * 128 + (kk % 4) * 32, 16, 1024),
+          sw128_desc(k_addr + wg * kKeys * 128 + kk * 16 * 128, 16, 1024), kk > 0);
+    wgmma_commit();
+
+    if (p.teacher) {  // t = mean over the G heads of P, per token and key, from shared memory
+      const float inv_group = 1.f / p.group;
+      for (int x = threadIdx.x; x < live_tokens * kKeys; x += kThreads) {
+        const int t = x / kKeys, col = x % kKeys;
+        float sum = 0.f;
+        for (int g = 0; g < p.group; ++g)
+          sum += Elem<T>::to_float(*reinterpret_cast<const T*>(
+              s_p + sw128_offset<kRows>(t * p.group + g, col / 8) + (col % 8) * 2));
+        const uint64_t entry = entries[e0 + t];
+        const int64_t ce =
+            (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
+                p.top_k +
+            schedule::entry_slot(entry);
+        p.teacher[ce * kKeys + col] = sum * inv_group;
+      }
+    }
+
+    wgmma_wait<0>();
+    fence_operands(dq);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + 8 * h + lane / 4;
+      if (r >= live_rows) continue;
+      const uint64_t entry = entries[e0 + r / p.group];
+      const int64_t ce =
+          (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
+              p.top_k +
+          schedule::entry_slot(entry);
+      float* dst = p.dq_part + (ce * p.group + r % p.group) * kD + 64 * wg + 2 * (lane % 4);
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+        *reinterpret_cast<float2*>(dst + 8 * t) =
+            make_float2(dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);
+    }
+  }
+
+  fence_operands(dk[0]);
+  fence_operands(dk[1]);
+  fence_operands(dv[0]);
+  fence_operands(dv[1]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = 64 * wg + 16 * warp + 8 * h + lane / 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t at = (int64_t(blockIdx.x) * kKeys + key) * kD + 64 * half + 2 * (lane % 4);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        *reinterpret_cast<float2*>(p.dk_part + at + 8 * t) =
+            make_float2(dk[half][4 * t + 2 * h], dk[half][4 * t + 2 * h + 1]);
+        *reinterpret_cast<float2*>(p.dv_part + at + 8 * t) =
+            make_float2(dv[half][4 * t + 2 * h], dv[half][4 * t + 2 * h + 1]);
+      }
+    }
+  }
+#else
+  __trap();  // built without sm_90a code; launch_sparse_backward does not launch it then
+#endif
+}
+
+}  // namespace flash_msa::cuda::sm90::sparse_backward
+
+namespace flash_msa::cuda::sm90 {
+
+template <class T>
+bool launch_sparse_backward(const sm80::SparseBackwardParams& params, cudaStream_t stream) {
+  const auto kernel = sparse_backward::backward_kernel<T>;
+  if (!hopper_kernels_usable(reinterpret_cast<const void*>(kernel))) return false;
+  constexpr int kBytes = sparse_backward::SharedMemory::kBytes;
+  FLASH_MSA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  kernel<<<static_cast<unsigned>(params.items.max_items), sparse_backward::kThreads, kBytes,
+           stream>>>(params);
+  FLASH_MSA_CHECK_LAUNCH();
+  return true;
+}
+
+}  // namespace flash_msa::cuda::sm90
