@@ -2,8 +2,9 @@
 // backend's own limits, workspace layout and the launch sequence. Deterministic in both modes:
 // no floating-point atomics are used, so BackwardParams::deterministic needs no separate path.
 //
-// Sparse (key-block-outer, backward/sm80/sparse_kernel.cuh): the schedule's reverse index and
-// Delta, then per token chunk its work items, the main kernel (dQ per edge, dK / dV per item,
+// Sparse (key-block-outer, backward/sm80/sparse_kernel.cuh; on Hopper with D = 128 the main
+// kernel is backward/sm90/sparse_kernel.cuh): the schedule's reverse index and Delta, then per
+// token chunk its work items, the main kernel (dQ per edge, dK / dV per item,
 // the teacher rows when the proxy gradients are wanted), the proxy kernel (dQp per edge, dKp per
 // item), and fixed-order reductions: dq, dqp per token; dk, dv, dkp added into fp32
 // accumulators per chunk; finally the scaled stores.

@@ -1,8 +1,9 @@
 // Host entry of the main attention forward, sparse and warmup (SPEC sections 2, 3, 5):
 // validation, the CUDA backend's own limits, workspace layout and the launch sequence.
 //
-// Sparse (key-block-outer, forward/sm80/sparse_kernel.cuh): the schedule's reverse index, then
-// per token chunk its work items, the main kernel (per-block partial out and lse), the proxy
+// Sparse (key-block-outer, forward/sm80/sparse_kernel.cuh; on Hopper with D = 128 the main
+// kernel is forward/sm90/sparse_kernel.cuh): the schedule's reverse index, then per token chunk
+// its work items, the main kernel (per-block partial out and lse), the proxy
 // kernel (per-block lse_proxy partials), the merge; with the KL value also the teacher rows
 // (the main backward kernel in teacher mode) and the proxy kernel's KL terms, summed per row
 // and reduced in a fixed order. Chunks bound the partial buffers: the whole sequence is one
