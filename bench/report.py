@@ -24,6 +24,15 @@ def step_of(peer):
     return (peer or {}).get("step", {}).get("ms")
 
 
+def kernel_name(key):
+    """A profiler kernel name without return type, arguments, template arguments and the
+    namespaces up to the stage and chip folders, e.g. sm90::sparse_forward::forward_kernel."""
+    name = key.replace("(anonymous namespace)::", "").replace("void ", "", 1)
+    name = name.split("(")[0].split("<")[0]
+    parts = [p for p in name.split("::") if p not in ("flash_msa", "cuda", "detail")]
+    return "::".join(parts[-3:])
+
+
 def page(res, json_name, plots, note):
     env, ceil = res["environment"], res["ceilings"]
     heads = env["heads"]
@@ -107,7 +116,7 @@ def page(res, json_name, plots, note):
         out += [f"## Where the time goes at {c['name']} (ms per call, top kernels)", ""]
         for part in ("forward", "backward"):
             ks = list(c["kernels"][part].items())[:8]
-            out.append(f"- {part}: " + "; ".join(f"`{n.split('(')[0][-60:]}` {t:.2f}" for n, t in ks))
+            out.append(f"- {part}: " + "; ".join(f"`{kernel_name(n)}` {t:.2f}" for n, t in ks))
         out.append("")
     for title, name in plots:
         out += [f"![{title}](../bench/results/{name})", ""]
@@ -122,8 +131,8 @@ def make_plots(res, base):
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    sparse = [c for c in res["configs"] if "step" in c and c["batch"] == 1 and not c["documents"]
-              and not c["warmup"]]
+    sparse = sorted((c for c in res["configs"] if "step" in c and c["batch"] == 1
+                     and not c["documents"] and not c["warmup"]), key=lambda c: c["seqlen"])
     plots = []
     pts = [(c["seqlen"], step_of(c["peers"].get("cudnn")) / c["step"]["ms"])
            for c in sparse if step_of(c.get("peers", {}).get("cudnn"))]
