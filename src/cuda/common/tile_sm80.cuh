@@ -6,7 +6,7 @@
 // is XOR-swizzled with the row (swizzle()), so that the 8 row addresses of one ldmatrix, all at
 // the same logical chunk, fall in distinct banks.
 //
-// Naming of the GEMMs: acc[m][n] += sum_k A(m, k) B(k, n) with
+// The warp GEMM acc[m][n] += sum_k A(m, k) B(k, n), by operand layout (GemmLayout):
 //   nt: A stored [m][k], B stored [n][k]   (S = Q K^T)
 //   nn: A stored [m][k], B stored [k][n]   (dQ = dS K)
 //   tn: A stored [k][m], B stored [k][n]   (dV = P^T dO)
@@ -84,63 +84,30 @@ __device__ __forceinline__ void zero(float (&acc)[kMT][kNT][4]) {
       for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
 }
 
-template <class T, int kMT, int kNT, int kK, int kAC, int kBC>
-__device__ __forceinline__ void gemm_nt(float (&acc)[kMT][kNT][4], const T* a_tile, int m0,
-                                        const T* b_tile, int n0, int lane) {
-  static_assert(kNT % 2 == 0, "n-tiles come in pairs");
-#pragma unroll
-  for (int k = 0; k < kK; k += 16) {
-    uint32_t a[kMT][4];
-#pragma unroll
-    for (int m = 0; m < kMT; ++m) load_a<kAC>(a[m], a_tile, m0 + 16 * m, k, lane);
-#pragma unroll
-    for (int n = 0; n < kNT; n += 2) {
-      uint32_t b[2][2];
-      load_b2<kBC>(b, b_tile, n0 + 8 * n, k, lane);
-#pragma unroll
-      for (int m = 0; m < kMT; ++m) {
-        mma_16x8x16<T>(acc[m][n], a[m], b[0]);
-        mma_16x8x16<T>(acc[m][n + 1], a[m], b[1]);
-      }
-    }
-  }
-}
+// Where the operands are stored (see the top of this file).
+enum class GemmLayout { kNT, kNN, kTN };
 
-template <class T, int kMT, int kNT, int kK, int kAC, int kBC>
-__device__ __forceinline__ void gemm_nn(float (&acc)[kMT][kNT][4], const T* a_tile, int m0,
-                                        const T* b_tile, int n0, int lane) {
+template <class T, GemmLayout kLayout, int kMT, int kNT, int kK, int kAC, int kBC>
+__device__ __forceinline__ void gemm(float (&acc)[kMT][kNT][4], const T* a_tile, int m0,
+                                     const T* b_tile, int n0, int lane) {
   static_assert(kNT % 2 == 0, "n-tiles come in pairs");
 #pragma unroll
   for (int k = 0; k < kK; k += 16) {
     uint32_t a[kMT][4];
 #pragma unroll
-    for (int m = 0; m < kMT; ++m) load_a<kAC>(a[m], a_tile, m0 + 16 * m, k, lane);
-#pragma unroll
-    for (int n = 0; n < kNT; n += 2) {
-      uint32_t b[2][2];
-      load_b2_trans<kBC>(b, b_tile, n0 + 8 * n, k, lane);
-#pragma unroll
-      for (int m = 0; m < kMT; ++m) {
-        mma_16x8x16<T>(acc[m][n], a[m], b[0]);
-        mma_16x8x16<T>(acc[m][n + 1], a[m], b[1]);
-      }
+    for (int m = 0; m < kMT; ++m) {
+      if constexpr (kLayout == GemmLayout::kTN)
+        load_a_trans<kAC>(a[m], a_tile, m0 + 16 * m, k, lane);
+      else
+        load_a<kAC>(a[m], a_tile, m0 + 16 * m, k, lane);
     }
-  }
-}
-
-template <class T, int kMT, int kNT, int kK, int kAC, int kBC>
-__device__ __forceinline__ void gemm_tn(float (&acc)[kMT][kNT][4], const T* a_tile, int m0,
-                                        const T* b_tile, int n0, int lane) {
-  static_assert(kNT % 2 == 0, "n-tiles come in pairs");
-#pragma unroll
-  for (int k = 0; k < kK; k += 16) {
-    uint32_t a[kMT][4];
-#pragma unroll
-    for (int m = 0; m < kMT; ++m) load_a_trans<kAC>(a[m], a_tile, m0 + 16 * m, k, lane);
 #pragma unroll
     for (int n = 0; n < kNT; n += 2) {
       uint32_t b[2][2];
-      load_b2_trans<kBC>(b, b_tile, n0 + 8 * n, k, lane);
+      if constexpr (kLayout == GemmLayout::kNT)
+        load_b2<kBC>(b, b_tile, n0 + 8 * n, k, lane);
+      else
+        load_b2_trans<kBC>(b, b_tile, n0 + 8 * n, k, lane);
 #pragma unroll
       for (int m = 0; m < kMT; ++m) {
         mma_16x8x16<T>(acc[m][n], a[m], b[0]);

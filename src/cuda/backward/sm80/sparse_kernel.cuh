@@ -127,11 +127,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
 
     float s[1][8][4];
     zero(s);
-    gemm_nt<T, 1, 8, kD, kD, kD>(s, s_q, 16 * wm, s_k, 64 * wn, lane);
+    gemm<T, GemmLayout::kNT, 1, 8, kD, kD, kD>(s, s_q, 16 * wm, s_k, 64 * wn, lane);
     float dp[1][8][4];
     if (!kTeacherOnly) {
       zero(dp);
-      gemm_nt<T, 1, 8, kD, kD, kD>(dp, s_dout, 16 * wm, s_v, 64 * wn, lane);
+      gemm<T, GemmLayout::kNT, 1, 8, kD, kD, kD>(dp, s_dout, 16 * wm, s_v, 64 * wn, lane);
     }
     // Rows 16 wm + 8 h + lane / 4 of S, dP (read after the products: fewer live registers).
     int query[2], first[2];
@@ -188,11 +188,14 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
     }
     if constexpr (kTeacherOnly) continue;
 
-    gemm_tn<T, 2, kHalfD / 8, kRows, kKeys, kD>(dv, s_p, 32 * wm, s_dout, kHalfD * wn, lane);
-    gemm_tn<T, 2, kHalfD / 8, kRows, kKeys, kD>(dk, s_ds, 32 * wm, s_q, kHalfD * wn, lane);
+    gemm<T, GemmLayout::kTN, 2, kHalfD / 8, kRows, kKeys, kD>(dv, s_p, 32 * wm, s_dout, kHalfD * wn,
+                                                              lane);
+    gemm<T, GemmLayout::kTN, 2, kHalfD / 8, kRows, kKeys, kD>(dk, s_ds, 32 * wm, s_q, kHalfD * wn,
+                                                              lane);
     float dq[1][kHalfD / 8][4];
     zero(dq);
-    gemm_nn<T, 1, kHalfD / 8, kKeys, kKeys, kD>(dq, s_ds, 16 * wm, s_k, kHalfD * wn, lane);
+    gemm<T, GemmLayout::kNN, 1, kHalfD / 8, kKeys, kKeys, kD>(dq, s_ds, 16 * wm, s_k, kHalfD * wn,
+                                                              lane);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * wm + 8 * h + lane / 4;

@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
       float s[2][kStepKeys / 8][4];
       zero(s);
       if (warp_live)
-        gemm_nt<T, 2, kStepKeys / 8, kD, kD, kD>(s, s_q, 32 * warp, s_k, step * kStepKeys, lane);
+        gemm<T, GemmLayout::kNT, 2, kStepKeys / 8, kD, kD, kD>(s, s_q, 32 * warp, s_k,
+                                                               step * kStepKeys, lane);
       if (step == kKeys / kStepKeys - 1) {
         __syncthreads();  // every warp is done reading s_q
         if (e0 + tile_tokens < item.end) load_q(e0 + tile_tokens);

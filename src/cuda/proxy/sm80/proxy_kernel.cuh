@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
 
     float s[1][8][4];
     zero(s);
-    gemm_nt<T, 1, 8, kDp, kDp, kDp>(s, s_qp, 16 * wm, s_kp, 64 * wn, lane);
+    gemm<T, GemmLayout::kNT, 1, 8, kDp, kDp, kDp>(s, s_qp, 16 * wm, s_kp, 64 * wn, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -200,10 +200,12 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
             if (r < live_rows) p.kl_part[edge[h]] = exchange[1][0][r] + exchange[1][1][r];
           }
       } else {
-        gemm_tn<T, 2, kHalfDp / 8, kRows, kKeys, kDp>(dkp, s_g, 32 * wm, s_qp, kHalfDp * wn, lane);
+        gemm<T, GemmLayout::kTN, 2, kHalfDp / 8, kRows, kKeys, kDp>(dkp, s_g, 32 * wm, s_qp,
+                                                                    kHalfDp * wn, lane);
         float dq[1][kHalfDp / 8][4];
         zero(dq);
-        gemm_nn<T, 1, kHalfDp / 8, kKeys, kKeys, kDp>(dq, s_g, 16 * wm, s_kp, kHalfDp * wn, lane);
+        gemm<T, GemmLayout::kNN, 1, kHalfDp / 8, kKeys, kKeys, kDp>(dq, s_g, 16 * wm, s_kp,
+                                                                    kHalfDp * wn, lane);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = 16 * wm + 8 * h + lane / 4;
