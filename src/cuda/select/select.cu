@@ -57,14 +57,8 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
   check_limits(params);
   const Problem& pr = params.problem;
   const sm80::SelectKernelParams kp{
-      .qp = params.qp.data,
-      .qp_stride_b = params.qp.stride_b,
-      .qp_stride_h = params.qp.stride_h,
-      .qp_stride_s = params.qp.stride_s,
-      .kp = params.kp.data,
-      .kp_stride_b = params.kp.stride_b,
-      .kp_stride_h = params.kp.stride_h,
-      .kp_stride_s = params.kp.stride_s,
+      .qp = params.qp,
+      .kp = params.kp,
       .indices = params.indices,
       .cu_seqlens = pr.cu_seqlens,
       .num_docs = static_cast<int>(pr.num_docs),

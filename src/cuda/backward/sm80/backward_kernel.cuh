@@ -142,10 +142,10 @@ __global__ void delta_kernel(const BackwardKernelParams p) {
     const int b = static_cast<int>(r / (int64_t(p.seqlen) * p.heads));
     float acc = 0.f;
     if (lane < kChunks) {
-      const T* o = static_cast<const T*>(p.out) + b * p.out_stride_b + h * p.out_stride_h +
-                   i * p.out_stride_s + lane * 8;
-      const T* g = static_cast<const T*>(p.dout) + b * p.dout_stride_b + h * p.dout_stride_h +
-                   i * p.dout_stride_s + lane * 8;
+      const T* o = static_cast<const T*>(p.out.data) + b * p.out.stride_b + h * p.out.stride_h +
+                   i * p.out.stride_s + lane * 8;
+      const T* g = static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h +
+                   i * p.dout.stride_s + lane * 8;
       const uint4 ov = *reinterpret_cast<const uint4*>(o);
       const uint4 gv = *reinterpret_cast<const uint4*>(g);
       const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
@@ -191,14 +191,15 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   const int own = i / kBlockKeys;
 
   load_rows<kC>(
-      sQ, static_cast<const T*>(p.q) + b * p.q_stride_b + h0 * p.q_stride_h + i * p.q_stride_s,
-      p.q_stride_h, 16, G, lane, 32);
+      sQ, static_cast<const T*>(p.q.data) + b * p.q.stride_b + h0 * p.q.stride_h + i * p.q.stride_s,
+      p.q.stride_h, 16, G, lane, 32);
   load_rows<kC>(sdO,
-                static_cast<const T*>(p.dout) + b * p.dout_stride_b + h0 * p.dout_stride_h +
-                    i * p.dout_stride_s,
-                p.dout_stride_h, 16, G, lane, 32);
+                static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + h0 * p.dout.stride_h +
+                    i * p.dout.stride_s,
+                p.dout.stride_h, 16, G, lane, 32);
   load_rows<kPC>(
-      sQp, static_cast<const T*>(p.qp) + b * p.qp_stride_b + pr * p.qp_stride_h + i * p.qp_stride_s,
+      sQp,
+      static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + pr * p.qp.stride_h + i * p.qp.stride_s,
       0, 16, 1, lane, 32);
   cp_async_commit();
 
@@ -221,18 +222,18 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   // Only row 0 of the padded proxy product is real: keep its two columns per n-tile (lanes 0..3).
   float dqp[kDp / 8][2] = {};
 
-  const T* kbase = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
-  const T* vbase = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
-  const T* kpbase = static_cast<const T*>(p.kp) + b * p.kp_stride_b + pkh * p.kp_stride_h;
+  const T* kbase = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kvh * p.k.stride_h;
+  const T* vbase = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kvh * p.v.stride_h;
+  const T* kpbase = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + pkh * p.kp.stride_h;
   for (int n = ds / kBlockKeys; n <= own; ++n) {
     for (int sub = 0; sub < kSubTiles; ++sub) {
       const int key0 = n * kBlockKeys + sub * kTileKeys;
       if (key0 > i || key0 + kTileKeys <= ds) continue;
       const int valid = min(kTileKeys, i - key0 + 1);
       __syncwarp();  // the previous tile's ldmatrix reads are done before it is overwritten
-      load_rows<kC>(sK, kbase + key0 * p.k_stride_s, p.k_stride_s, kTileKeys, valid, lane, 32);
-      load_rows<kC>(sV, vbase + key0 * p.v_stride_s, p.v_stride_s, kTileKeys, valid, lane, 32);
-      load_rows<kPC>(sKp, kpbase + key0 * p.kp_stride_s, p.kp_stride_s, kTileKeys, valid, lane, 32);
+      load_rows<kC>(sK, kbase + key0 * p.k.stride_s, p.k.stride_s, kTileKeys, valid, lane, 32);
+      load_rows<kC>(sV, vbase + key0 * p.v.stride_s, p.v.stride_s, kTileKeys, valid, lane, 32);
+      load_rows<kPC>(sKp, kpbase + key0 * p.kp.stride_s, p.kp.stride_s, kTileKeys, valid, lane, 32);
       cp_async_commit();
       cp_async_wait<0>();
       __syncwarp();
@@ -331,7 +332,7 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   }
   cp_async_wait<0>();  // Q/dO were never waited on when the walk was empty
 
-  T* dqb = static_cast<T*>(p.dq) + b * p.dq_stride_b + h0 * p.dq_stride_h + i * p.dq_stride_s;
+  T* dqb = static_cast<T*>(p.dq.data) + b * p.dq.stride_b + h0 * p.dq.stride_h + i * p.dq.stride_s;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r_hi : r_lo;
@@ -339,14 +340,14 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
 #pragma unroll
     for (int nt = 0; nt < kD / 8; ++nt) {
       const int c = nt * 8 + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(dqb + r * p.dq_stride_h + c) =
+      *reinterpret_cast<uint32_t*>(dqb + r * p.dq.stride_h + c) =
           Elem<T>::pack(dq[nt][2 * half] * p.scale, dq[nt][2 * half + 1] * p.scale);
     }
   }
   if (lane < 4) {
     const float proxy_w = p.proxy_scale * wscale;
     T* dqpb =
-        static_cast<T*>(p.dqp) + b * p.dqp_stride_b + pr * p.dqp_stride_h + i * p.dqp_stride_s;
+        static_cast<T*>(p.dqp.data) + b * p.dqp.stride_b + pr * p.dqp.stride_h + i * p.dqp.stride_s;
 #pragma unroll
     for (int nt = 0; nt < kDp / 8; ++nt) {
       const int c = nt * 8 + 2 * lane;
@@ -404,18 +405,18 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
   const int key_base = n * kBlockKeys;
   const int keys_valid = min(kBlockKeys, p.seqlen - key_base);
 
-  load_rows<kC>(
-      sK,
-      static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h + key_base * p.k_stride_s,
-      p.k_stride_s, kBlockKeys, keys_valid, tid, kKvThreads);
-  load_rows<kC>(
-      sV,
-      static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h + key_base * p.v_stride_s,
-      p.v_stride_s, kBlockKeys, keys_valid, tid, kKvThreads);
+  load_rows<kC>(sK,
+                static_cast<const T*>(p.k.data) + b * p.k.stride_b + kvh * p.k.stride_h +
+                    key_base * p.k.stride_s,
+                p.k.stride_s, kBlockKeys, keys_valid, tid, kKvThreads);
+  load_rows<kC>(sV,
+                static_cast<const T*>(p.v.data) + b * p.v.stride_b + kvh * p.v.stride_h +
+                    key_base * p.v.stride_s,
+                p.v.stride_s, kBlockKeys, keys_valid, tid, kKvThreads);
   load_rows<kPC>(sKp,
-                 static_cast<const T*>(p.kp) + b * p.kp_stride_b + pkh * p.kp_stride_h +
-                     key_base * p.kp_stride_s,
-                 p.kp_stride_s, kBlockKeys, keys_valid, tid, kKvThreads);
+                 static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + pkh * p.kp.stride_h +
+                     key_base * p.kp.stride_s,
+                 p.kp.stride_s, kBlockKeys, keys_valid, tid, kKvThreads);
   cp_async_commit();
   for (int e = tid; e < kBlockKeys * kDp; e += kKvThreads) sdKp[e] = 0.f;
 
@@ -428,9 +429,9 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
   float dk[kD / 8][4] = {};
   float dv[kD / 8][4] = {};
 
-  const T* qbase = static_cast<const T*>(p.q) + b * p.q_stride_b;
-  const T* dobase = static_cast<const T*>(p.dout) + b * p.dout_stride_b;
-  const T* qpbase = static_cast<const T*>(p.qp) + b * p.qp_stride_b + pr * p.qp_stride_h;
+  const T* qbase = static_cast<const T*>(p.q.data) + b * p.q.stride_b;
+  const T* dobase = static_cast<const T*>(p.dout.data) + b * p.dout.stride_b;
+  const T* qpbase = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + pr * p.qp.stride_h;
 
   for (int win = key_base; win < p.seqlen; win += Cfg::kWindow) {
     const int tok = win + tid;
@@ -468,8 +469,8 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
           const int r = cc / kC, chunk = cc % kC;
           const bool ok = r < m;
           const int tr = ok ? list_tok[g0 + r] : 0;
-          const T* src = is_do ? dobase + h * p.dout_stride_h + tr * p.dout_stride_s
-                               : qbase + h * p.q_stride_h + tr * p.q_stride_s;
+          const T* src = is_do ? dobase + h * p.dout.stride_h + tr * p.dout.stride_s
+                               : qbase + h * p.q.stride_h + tr * p.q.stride_s;
           cp_async_16((is_do ? sdO : sQ) + swizzle<kC>(r, chunk) * 8, src + chunk * 8, ok);
         }
         cp_async_commit();
@@ -528,7 +529,7 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
         const int r = c / kPC, chunk = c % kPC;
         const bool ok = r < m;
         const int tr = ok ? list_tok[g0 + r] : 0;
-        cp_async_16(sQp + swizzle<kPC>(r, chunk) * 8, qpbase + tr * p.qp_stride_s + chunk * 8, ok);
+        cp_async_16(sQp + swizzle<kPC>(r, chunk) * 8, qpbase + tr * p.qp.stride_s + chunk * 8, ok);
       }
       cp_async_commit();
       if (tid < kGroupTokens) {
@@ -639,10 +640,12 @@ __global__ void reduce_kernel(const BackwardKernelParams p) {
       const int c = static_cast<int>((x / (kC * S)) % kv_heads);
       const int b = static_cast<int>(x / (kC * S * kv_heads));
       const int64_t first = (int64_t(b) * p.proxy_heads + c * per_kv) * S + s;
-      reduce_row(static_cast<T*>(p.dk) + b * p.dk_stride_b + c * p.dk_stride_h + s * p.dk_stride_s,
-                 p.dk_part + first * kD, S * kD, 0, per_kv, chunk);
-      reduce_row(static_cast<T*>(p.dv) + b * p.dv_stride_b + c * p.dv_stride_h + s * p.dv_stride_s,
-                 p.dv_part + first * kD, S * kD, 0, per_kv, chunk);
+      reduce_row(
+          static_cast<T*>(p.dk.data) + b * p.dk.stride_b + c * p.dk.stride_h + s * p.dk.stride_s,
+          p.dk_part + first * kD, S * kD, 0, per_kv, chunk);
+      reduce_row(
+          static_cast<T*>(p.dv.data) + b * p.dv.stride_b + c * p.dv.stride_h + s * p.dv.stride_s,
+          p.dv_part + first * kD, S * kD, 0, per_kv, chunk);
     } else {
       const int64_t y = x - main_items;
       const int chunk = static_cast<int>(y % kPC);
@@ -650,9 +653,9 @@ __global__ void reduce_kernel(const BackwardKernelParams p) {
       const int c = static_cast<int>((y / (kPC * S)) % proxy_kv_heads);
       const int b = static_cast<int>(y / (kPC * S * proxy_kv_heads));
       const int64_t first = (int64_t(b) * p.proxy_heads + c * p.proxy_group) * S + s;
-      reduce_row(
-          static_cast<T*>(p.dkp) + b * p.dkp_stride_b + c * p.dkp_stride_h + s * p.dkp_stride_s,
-          p.dkp_part + first * kDp, S * kDp, 0, p.proxy_group, chunk);
+      reduce_row(static_cast<T*>(p.dkp.data) + b * p.dkp.stride_b + c * p.dkp.stride_h +
+                     s * p.dkp.stride_s,
+                 p.dkp_part + first * kDp, S * kDp, 0, p.proxy_group, chunk);
     }
   }
 }

@@ -12,33 +12,21 @@
 namespace flash_msa::cuda::sm80 {
 
 struct BackwardKernelParams {
-  const void* q;  // [B, H, S, D] strided, 16-byte aligned rows (likewise every view below)
-  int64_t q_stride_b, q_stride_h, q_stride_s;
-  const void* k;  // [B, Hk, S, D]
-  int64_t k_stride_b, k_stride_h, k_stride_s;
-  const void* v;  // [B, Hk, S, D]
-  int64_t v_stride_b, v_stride_h, v_stride_s;
-  const void* qp;  // [B, Hp, S, Dp]
-  int64_t qp_stride_b, qp_stride_h, qp_stride_s;
-  const void* kp;  // [B, Hpk, S, Dp]
-  int64_t kp_stride_b, kp_stride_h, kp_stride_s;
-  const void* out;  // [B, H, S, D]
-  int64_t out_stride_b, out_stride_h, out_stride_s;
-  const void* dout;  // [B, H, S, D]
-  int64_t dout_stride_b, dout_stride_h, dout_stride_s;
-  void* dq;  // [B, H, S, D]
-  int64_t dq_stride_b, dq_stride_h, dq_stride_s;
-  void* dqp;  // [B, Hp, S, Dp]
-  int64_t dqp_stride_b, dqp_stride_h, dqp_stride_s;
-  void* dk;  // [B, Hk, S, D]
-  int64_t dk_stride_b, dk_stride_h, dk_stride_s;
-  void* dv;  // [B, Hk, S, D]
-  int64_t dv_stride_b, dv_stride_h, dv_stride_s;
-  void* dkp;  // [B, Hpk, S, Dp]
-  int64_t dkp_stride_b, dkp_stride_h, dkp_stride_s;
-  const float* lse;           // [B, H, S] contiguous
-  const float* lse_proxy;     // [B, Hp, S] contiguous
-  const float* kl_grad;       // [1] upstream gradient w of kl; null: w = 0
+  ConstView q;             // [B, H, S, D] strided, 16-byte aligned rows (likewise every view below)
+  ConstView k;             // [B, Hk, S, D]
+  ConstView v;             // [B, Hk, S, D]
+  ConstView qp;            // [B, Hp, S, Dp]
+  ConstView kp;            // [B, Hpk, S, Dp]
+  ConstView out;           // [B, H, S, D]
+  ConstView dout;          // [B, H, S, D]
+  MutView dq;              // [B, H, S, D]
+  MutView dqp;             // [B, Hp, S, Dp]
+  MutView dk;              // [B, Hk, S, D]
+  MutView dv;              // [B, Hk, S, D]
+  MutView dkp;             // [B, Hpk, S, Dp]
+  const float* lse;        // [B, H, S] contiguous
+  const float* lse_proxy;  // [B, Hp, S] contiguous
+  const float* kl_grad;    // [1] upstream gradient w of kl; null: w = 0
   const int32_t* cu_seqlens;  // [num_docs + 1] offsets over B*S tokens; null: one doc per row
   float* delta;               // workspace [B, H, S]: <out, dout> per (head, token)
   float* dk_part;             // workspace [B, Hp, S, D]: dk of the heads of one proxy group

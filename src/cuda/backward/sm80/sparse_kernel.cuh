@@ -65,19 +65,20 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
   const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
   const int key0 = item.block * kKeys;
   const int kv = head0 / p.kv_group;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride_b + kv * p.k_stride_h;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride_b + kv * p.v_stride_h;
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h;
-  const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride_b + head0 * p.dout_stride_h;
+  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kv * p.k.stride_h;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kv * p.v.stride_h;
+  const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
+  const T* dout =
+      static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
   const uint64_t* entries = p.index.entries;
   const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
   const int64_t stats = (int64_t(b) * p.heads + head0) * p.seqlen;  // lse / delta of head0
 
   copy_rows_async<kKeys, kD, kThreads>(
-      s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k_stride_s : nullptr; }, k);
+      s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k);
   if (!kTeacherOnly)
     copy_rows_async<kKeys, kD, kThreads>(
-        s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v_stride_s : nullptr; },
+        s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; },
         v);
   cp_async_commit();
 
@@ -91,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
         smem + Smem::kQ + buf * kRows * kD,
         [&](int r) -> const T* {
           const int token = token_of(r);
-          return token < 0 ? nullptr : q + (r % p.group) * p.q_stride_h + token * p.q_stride_s;
+          return token < 0 ? nullptr : q + (r % p.group) * p.q.stride_h + token * p.q.stride_s;
         },
         q);
     if (!kTeacherOnly)
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
           [&](int r) -> const T* {
             const int token = token_of(r);
             return token < 0 ? nullptr
-                             : dout + (r % p.group) * p.dout_stride_h + token * p.dout_stride_s;
+                             : dout + (r % p.group) * p.dout.stride_h + token * p.dout.stride_s;
           },
           dout);
     cp_async_commit();

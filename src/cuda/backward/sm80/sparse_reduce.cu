@@ -30,10 +30,10 @@ __global__ void __launch_bounds__(kThreads) delta_kernel(const DeltaParams p) {
   const int i = static_cast<int>(row % p.seqlen);
   const int64_t bh = row / p.seqlen;
   const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-  const T* o =
-      static_cast<const T*>(p.out) + b * p.out_stride_b + h * p.out_stride_h + i * p.out_stride_s;
-  const T* d = static_cast<const T*>(p.dout) + b * p.dout_stride_b + h * p.dout_stride_h +
-               i * p.dout_stride_s;
+  const T* o = static_cast<const T*>(p.out.data) + b * p.out.stride_b + h * p.out.stride_h +
+               i * p.out.stride_s;
+  const T* d = static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h +
+               i * p.dout.stride_s;
   float sum = 0.f;
   for (int c = 2 * lane; c < p.head_dim; c += 64) {
     const float2 x = Elem<T>::unpack(*reinterpret_cast<const uint32_t*>(o + c));
@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
       acc.w += v.w;
     }
   }
-  T* dst = static_cast<T*>(p.dst) + b * p.dst_stride_b +
-           (int64_t(ph) * p.rows + g) * p.dst_stride_h + i * p.dst_stride_s + c;
+  T* dst = static_cast<T*>(p.dst.data) + b * p.dst.stride_b +
+           (int64_t(ph) * p.rows + g) * p.dst.stride_h + i * p.dst.stride_s + c;
   *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(p.scale * acc.x, p.scale * acc.y);
   *reinterpret_cast<uint32_t*>(dst + 2) = Elem<T>::pack(p.scale * acc.z, p.scale * acc.w);
 }
@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStorePar
   const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (p.acc) v = *reinterpret_cast<const float4*>(p.acc + row * p.width + col);
-  T* dst =
-      static_cast<T*>(p.dst) + b * p.dst_stride_b + h * p.dst_stride_h + j * p.dst_stride_s + col;
+  T* dst = static_cast<T*>(p.dst.data) + b * p.dst.stride_b + h * p.dst.stride_h +
+           j * p.dst.stride_s + col;
   *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(p.scale * v.x, p.scale * v.y);
   *reinterpret_cast<uint32_t*>(dst + 2) = Elem<T>::pack(p.scale * v.z, p.scale * v.w);
 }

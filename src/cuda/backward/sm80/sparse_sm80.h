@@ -9,18 +9,15 @@
 #include <cstdint>
 
 #include "cuda/schedule/schedule.h"
+#include "flash_msa/msa.h"
 
 namespace flash_msa::cuda::sm80 {
 
 struct SparseBackwardParams {
-  const void* q;  // [B, H, S, D] strided, 16-byte aligned rows (likewise k, v, dout)
-  int64_t q_stride_b, q_stride_h, q_stride_s;
-  const void* k;  // [B, Hk, S, D]
-  int64_t k_stride_b, k_stride_h, k_stride_s;
-  const void* v;  // [B, Hk, S, D]; unused in teacher mode
-  int64_t v_stride_b, v_stride_h, v_stride_s;
-  const void* dout;  // [B, H, S, D]; unused in teacher mode
-  int64_t dout_stride_b, dout_stride_h, dout_stride_s;
+  ConstView q;     // [B, H, S, D] strided, 16-byte aligned rows (likewise k, v, dout)
+  ConstView k;     // [B, Hk, S, D]
+  ConstView v;     // [B, Hk, S, D]; unused in teacher mode
+  ConstView dout;  // [B, H, S, D]; unused in teacher mode
   schedule::Index index;
   schedule::Items items;
   const float* lse;    // [B, H, S] natural log, from the forward
@@ -42,20 +39,17 @@ void launch_sparse_backward(const SparseBackwardParams& params, cudaStream_t str
 
 // delta[b, h, i] = <out[b, h, i], dout[b, h, i]> in fp32.
 struct DeltaParams {
-  const void* out;  // [B, H, S, D] strided
-  int64_t out_stride_b, out_stride_h, out_stride_s;
-  const void* dout;  // [B, H, S, D] strided
-  int64_t dout_stride_b, dout_stride_h, dout_stride_s;
-  float* delta;  // [B, H, S]
+  ConstView out;   // [B, H, S, D] strided
+  ConstView dout;  // [B, H, S, D] strided
+  float* delta;    // [B, H, S]
   int batch, heads, seqlen, head_dim;
 };
 
 // Per-edge partial rows of a chunk summed over each token's valid slots (slot order), scaled and
 // stored: dst[b, p * rows + g, i] = scale * sum_slots part[ce, g]. part null: zeros.
 struct RowsReduceParams {
-  const float* part;  // [chunk edges, rows, width]
-  void* dst;          // [B, Hp * rows, S, width] strided
-  int64_t dst_stride_b, dst_stride_h, dst_stride_s;
+  const float* part;         // [chunk edges, rows, width]
+  MutView dst;               // [B, Hp * rows, S, width] strided
   const int32_t* indices;    // [B, Hp, S, K]
   const int32_t* doc_start;  // [B * S]
   float scale;
@@ -79,8 +73,7 @@ struct KeysReduceParams {
 // dst = scale * acc in the dtype; acc null: zeros.
 struct KeysStoreParams {
   const float* acc;  // [B, heads, S, width]
-  void* dst;         // [B, heads, S, width] strided
-  int64_t dst_stride_b, dst_stride_h, dst_stride_s;
+  MutView dst;       // [B, heads, S, width] strided
   float scale;
   int batch, heads, seqlen, width;
 };

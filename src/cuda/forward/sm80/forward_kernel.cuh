@@ -195,18 +195,18 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   const int head0 = ph * p.group;
   const int kv_head = head0 / p.kv_group;
   const int pk_head = ph / p.proxy_group;
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride_b + query * p.q_stride_s;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
-  const T* kp = static_cast<const T*>(p.kp) + b * p.kp_stride_b + pk_head * p.kp_stride_h;
-  const T* qp =
-      static_cast<const T*>(p.qp) + b * p.qp_stride_b + ph * p.qp_stride_h + query * p.qp_stride_s;
+  const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + query * p.q.stride_s;
+  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kv_head * p.k.stride_h;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kv_head * p.v.stride_h;
+  const T* kp = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + pk_head * p.kp.stride_h;
+  const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h +
+                query * p.qp.stride_s;
 
   const int r_lo = lane / 4;
   const int r_hi = r_lo + 8;
   uint32_t qf[kD / 16][4];
-  load_a_fragments<T, kD>(qf, r_lo < p.group ? q + (head0 + r_lo) * p.q_stride_h : nullptr,
-                          r_hi < p.group ? q + (head0 + r_hi) * p.q_stride_h : nullptr, lane);
+  load_a_fragments<T, kD>(qf, r_lo < p.group ? q + (head0 + r_lo) * p.q.stride_h : nullptr,
+                          r_hi < p.group ? q + (head0 + r_hi) * p.q.stride_h : nullptr, lane);
   uint32_t qpf[kDp / 16][4];
   load_a_fragments<T, kDp>(qpf, r_lo == 0 ? qp : nullptr, nullptr, lane);
 
@@ -215,9 +215,9 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
 
   auto load_stage = [&](int stage, int key0, bool with_v) {
     T* st = warp_smem + stage * Cfg::kStageElems;
-    load_tile<T, Cfg::kChunks>(st, k, p.k_stride_s, key0, query, lane);
-    if (with_v) load_tile<T, Cfg::kChunks>(st + kTileKeys * kD, v, p.v_stride_s, key0, query, lane);
-    load_tile<T, Cfg::kPChunks>(st + 2 * kTileKeys * kD, kp, p.kp_stride_s, key0, query, lane);
+    load_tile<T, Cfg::kChunks>(st, k, p.k.stride_s, key0, query, lane);
+    if (with_v) load_tile<T, Cfg::kChunks>(st + kTileKeys * kD, v, p.v.stride_s, key0, query, lane);
+    load_tile<T, Cfg::kPChunks>(st + 2 * kTileKeys * kD, kp, p.kp.stride_s, key0, query, lane);
     cp_async_commit();
   };
 
@@ -296,10 +296,10 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
   const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
 
-  T* out = static_cast<T*>(p.out) + b * p.out_stride_b + query * p.out_stride_s;
+  T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + query * p.out.stride_s;
   const int col = 2 * (lane % 4);
   if (r_lo < p.group) {
-    T* orow = out + (head0 + r_lo) * p.out_stride_h;
+    T* orow = out + (head0 + r_lo) * p.out.stride_h;
 #pragma unroll
     for (int dt = 0; dt < kD / 8; ++dt)
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + col) =
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
           l_lo > 0.f ? lse2_lo * kLn2 : -INFINITY;
   }
   if (r_hi < p.group) {
-    T* orow = out + (head0 + r_hi) * p.out_stride_h;
+    T* orow = out + (head0 + r_hi) * p.out.stride_h;
 #pragma unroll
     for (int dt = 0; dt < kD / 8; ++dt)
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + col) =

@@ -12,18 +12,12 @@
 namespace flash_msa::cuda::sm80 {
 
 struct ForwardKernelParams {
-  const void* q;  // [B, H, S, D] strided
-  int64_t q_stride_b, q_stride_h, q_stride_s;
-  const void* k;  // [B, Hk, S, D] strided, 16-byte aligned rows
-  int64_t k_stride_b, k_stride_h, k_stride_s;
-  const void* v;  // [B, Hk, S, D] strided, 16-byte aligned rows
-  int64_t v_stride_b, v_stride_h, v_stride_s;
-  const void* qp;  // [B, Hp, S, Dp] strided
-  int64_t qp_stride_b, qp_stride_h, qp_stride_s;
-  const void* kp;  // [B, Hpk, S, Dp] strided, 16-byte aligned rows
-  int64_t kp_stride_b, kp_stride_h, kp_stride_s;
-  void* out;  // [B, H, S, D] strided
-  int64_t out_stride_b, out_stride_h, out_stride_s;
+  ConstView q;                // [B, H, S, D] strided
+  ConstView k;                // [B, Hk, S, D] strided, 16-byte aligned rows
+  ConstView v;                // [B, Hk, S, D] strided, 16-byte aligned rows
+  ConstView qp;               // [B, Hp, S, Dp] strided
+  ConstView kp;               // [B, Hpk, S, Dp] strided, 16-byte aligned rows
+  MutView out;                // [B, H, S, D] strided
   float* lse;                 // [B, H, S] contiguous
   float* lse_proxy;           // [B, Hp, S] contiguous
   float* kl_partial;          // [B, Hp, S] per-(query, proxy head) KL terms; null: no KL pass

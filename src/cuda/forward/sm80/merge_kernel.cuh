@@ -120,7 +120,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   }
   // Fragment order: lane quad c holds columns 8 t + 2 c (+1) for t = 0 .. D/8 - 1, contiguously.
   const int c = chunk * 8 / (kD / 4), t0 = (chunk * 8 % (kD / 4)) / 2;
-  T* out = static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + i * p.out_stride_s;
+  T* out =
+      static_cast<T*>(p.out.data) + b * p.out.stride_b + head * p.out.stride_h + i * p.out.stride_s;
 #pragma unroll
   for (int e = 0; e < 4; ++e)
     *reinterpret_cast<uint32_t*>(out + (t0 + e) * 8 + 2 * c) =

@@ -8,18 +8,16 @@
 #include <cstdint>
 
 #include "cuda/schedule/schedule.h"
+#include "flash_msa/msa.h"
 
 namespace flash_msa::cuda::sm80 {
 
 // Partial results of one edge (b, p, token, slot) of a chunk live at the chunk-local edge
 // ce = ((b * Hp + p) * chunk_tokens + token - chunk_begin) * K + slot.
 struct SparseForwardParams {
-  const void* q;  // [B, H, S, D] strided, 16-byte aligned rows (likewise k, v)
-  int64_t q_stride_b, q_stride_h, q_stride_s;
-  const void* k;  // [B, Hk, S, D]
-  int64_t k_stride_b, k_stride_h, k_stride_s;
-  const void* v;  // [B, Hk, S, D]
-  int64_t v_stride_b, v_stride_h, v_stride_s;
+  ConstView q;  // [B, H, S, D] strided, 16-byte aligned rows (likewise k, v)
+  ConstView k;  // [B, Hk, S, D]
+  ConstView v;  // [B, Hk, S, D]
   schedule::Index index;
   schedule::Items items;
   void* o_part;     // [chunk edges, G, D] dtype, normalised per block, row in fragment order
@@ -32,8 +30,7 @@ struct SparseForwardParams {
 // Combines the partials of each token of a chunk (SPEC section 2): out, lse, and lse_proxy
 // from the proxy branch's partials.
 struct MergeParams {
-  void* out;  // [B, H, S, D] strided
-  int64_t out_stride_b, out_stride_h, out_stride_s;
+  MutView out;               // [B, H, S, D] strided
   float* lse;                // [B, H, S] contiguous, natural log
   float* lse_proxy;          // [B, Hp, S] contiguous, natural log
   const void* o_part;        // as SparseForwardParams

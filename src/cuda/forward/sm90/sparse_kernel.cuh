@@ -67,17 +67,19 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   const int warp = wt / 32, lane = threadIdx.x % 32;
   const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
   const int key0 = item.block * kKeys;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride_b + (head0 / p.kv_group) * p.k_stride_h;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride_b + (head0 / p.kv_group) * p.v_stride_h;
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h;
+  const T* k =
+      static_cast<const T*>(p.k.data) + b * p.k.stride_b + (head0 / p.kv_group) * p.k.stride_h;
+  const T* v =
+      static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.kv_group) * p.v.stride_h;
+  const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
   const uint64_t* entries = p.index.entries;
   const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
 
   copy_rows_sw128<kKeys, kD, kThreads>(
-      s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k_stride_s : nullptr; }, k,
+      s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k,
       threadIdx.x);
   copy_rows_sw128<kKeys, kD, kThreads>(
-      s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v_stride_s : nullptr; }, v,
+      s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v,
       threadIdx.x);
   cp_async_commit();
 
@@ -99,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
             const int t = r / p.group;
             if (t >= tile_tokens || e0 + t >= item.end) return nullptr;
             const int token = schedule::entry_token(entries[e0 + t]);
-            return q + (r % p.group) * p.q_stride_h + token * p.q_stride_s;
+            return q + (r % p.group) * p.q.stride_h + token * p.q.stride_s;
           },
           q, wt);
     }

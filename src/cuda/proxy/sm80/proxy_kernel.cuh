@@ -59,21 +59,21 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
   const int b = item.bp / p.proxy_heads, ph = item.bp % p.proxy_heads;
   const int key0 = item.block * kKeys;
   const T* kp =
-      static_cast<const T*>(p.kp) + b * p.kp_stride_b + (ph / p.proxy_group) * p.kp_stride_h;
-  const T* qp = static_cast<const T*>(p.qp) + b * p.qp_stride_b + ph * p.qp_stride_h;
+      static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.proxy_group) * p.kp.stride_h;
+  const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
   const uint64_t* entries = p.index.entries;
   const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
   const float coef = kGrad ? __ldg(p.kl_grad) * p.inv_rows : 0.f;
 
   copy_rows_async<kKeys, kDp, kThreads>(
-      s_kp, [&](int r) { return key0 + r < p.seqlen ? kp + (key0 + r) * p.kp_stride_s : nullptr; },
+      s_kp, [&](int r) { return key0 + r < p.seqlen ? kp + (key0 + r) * p.kp.stride_s : nullptr; },
       kp);
   cp_async_commit();
   auto load_tile = [&](int e0, int buf) {
     copy_rows_async<kRows, kDp, kThreads>(
         smem + Smem::kQp + buf * kRows * kDp,
         [&](int r) -> const T* {
-          return e0 + r < item.end ? qp + schedule::entry_token(entries[e0 + r]) * p.qp_stride_s
+          return e0 + r < item.end ? qp + schedule::entry_token(entries[e0 + r]) * p.qp.stride_s
                                    : nullptr;
         },
         qp);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/schedule/schedule.h"
+#include "flash_msa/msa.h"
 
 namespace flash_msa::cuda::sm80 {
 
@@ -20,10 +21,8 @@ enum class ProxyMode {
 };
 
 struct ProxyParams {
-  const void* qp;  // [B, Hp, S, Dp] strided, 16-byte aligned rows
-  int64_t qp_stride_b, qp_stride_h, qp_stride_s;
-  const void* kp;  // [B, Hpk, S, Dp] strided, 16-byte aligned rows
-  int64_t kp_stride_b, kp_stride_h, kp_stride_s;
+  ConstView qp;  // [B, Hp, S, Dp] strided, 16-byte aligned rows
+  ConstView kp;  // [B, Hpk, S, Dp] strided, 16-byte aligned rows
   schedule::Index index;
   schedule::Items items;
   const float* lse_proxy;  // [B, Hp, S] natural log (kKl, kGrad)

@@ -174,16 +174,16 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   const int rows_valid = min(kSelectBlockM, p.seqlen - m0);
 
   const T* q_gmem =
-      static_cast<const T*>(p.qp) + b * p.qp_stride_b + h * p.qp_stride_h + m0 * p.qp_stride_s;
+      static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + h * p.qp.stride_h + m0 * p.qp.stride_s;
   const T* k_gmem =
-      static_cast<const T*>(p.kp) + b * p.kp_stride_b + (h / p.proxy_group) * p.kp_stride_h;
+      static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (h / p.proxy_group) * p.kp.stride_h;
 
   const int n_first = doc_start(p, b, m0) / kBlockKeys;
   const int lo_last = doc_start(p, b, m0 + rows_valid - 1);
 
-  load_tile<T, kDp>(qtile, q_gmem, p.qp_stride_s, rows_valid);
+  load_tile<T, kDp>(qtile, q_gmem, p.qp.stride_s, rows_valid);
   cp_async_commit();
-  load_tile<T, kDp>(ktile(0), k_gmem + int64_t(n_first) * kBlockKeys * p.kp_stride_s, p.kp_stride_s,
+  load_tile<T, kDp>(ktile(0), k_gmem + int64_t(n_first) * kBlockKeys * p.kp.stride_s, p.kp.stride_s,
                     min(kBlockKeys, p.seqlen - n_first * kBlockKeys));
   cp_async_commit();
 
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
     const int buf = (n - n_first) & 1;
     if (n < tile) {
       const int next = (n + 1) * kBlockKeys;
-      load_tile<T, kDp>(ktile(buf ^ 1), k_gmem + int64_t(next) * p.kp_stride_s, p.kp_stride_s,
+      load_tile<T, kDp>(ktile(buf ^ 1), k_gmem + int64_t(next) * p.kp.stride_s, p.kp.stride_s,
                         min(kBlockKeys, p.seqlen - next));
     }
     cp_async_commit();

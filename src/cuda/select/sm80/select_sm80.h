@@ -12,10 +12,8 @@
 namespace flash_msa::cuda::sm80 {
 
 struct SelectKernelParams {
-  const void* qp;  // [B, Hp, S, Dp] strided, 16-byte aligned rows
-  int64_t qp_stride_b, qp_stride_h, qp_stride_s;
-  const void* kp;  // [B, Hpk, S, Dp] strided, 16-byte aligned rows
-  int64_t kp_stride_b, kp_stride_h, kp_stride_s;
+  ConstView qp;               // [B, Hp, S, Dp] strided, 16-byte aligned rows
+  ConstView kp;               // [B, Hpk, S, Dp] strided, 16-byte aligned rows
   int32_t* indices;           // [B, Hp, S, K] contiguous
   const int32_t* cu_seqlens;  // [num_docs + 1] offsets over B*S tokens; null: one doc per row
   int num_docs;
