@@ -32,6 +32,14 @@ __device__ __forceinline__ int entry_slot(uint64_t entry) {
   return static_cast<int>(static_cast<uint32_t>(entry) & ((1u << kSlotBits) - 1));
 }
 
+// Where the partial results of `entry` (of bucket row bp = b * Hp + p) live in a chunk's
+// buffers: the chunk-local edge ((b * Hp + p) * chunk_tokens + token - chunk_begin) * K + slot.
+__device__ __forceinline__ int64_t chunk_edge(int bp, int chunk_tokens, int chunk_begin, int top_k,
+                                              uint64_t entry) {
+  return (int64_t(bp) * chunk_tokens + entry_token(entry) - chunk_begin) * top_k +
+         entry_slot(entry);
+}
+
 // A work item: entries [begin, end) of bucket (bp, block), bp = b * Hp + p.
 struct Item {
   int bp, block, begin, end;

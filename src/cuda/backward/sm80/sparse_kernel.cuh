@@ -181,9 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
           sum += Elem<T>::to_float(s_p[tile_offset<kKeys>(t * p.group + g, col & ~7) + (col & 7)]);
         const uint64_t entry = entries[e0 + t];
         const int64_t ce =
-            (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
-                p.top_k +
-            schedule::entry_slot(entry);
+            schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
         p.teacher[ce * kKeys + col] = sum * inv_group;
       }
     }
@@ -203,9 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       if (r >= live_rows) continue;
       const uint64_t entry = entries[e0 + r / p.group];
       const int64_t ce =
-          (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
-              p.top_k +
-          schedule::entry_slot(entry);
+          schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
       float* dst = p.dq_part + (ce * p.group + r % p.group) * kD + kHalfD * wn + 2 * (lane % 4);
 #pragma unroll
       for (int nt = 0; nt < kHalfD / 8; ++nt)

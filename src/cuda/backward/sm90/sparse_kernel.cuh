@@ -223,9 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
               s_p + sw128_offset<kRows>(t * p.group + g, col / 8) + (col % 8) * 2));
         const uint64_t entry = entries[e0 + t];
         const int64_t ce =
-            (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
-                p.top_k +
-            schedule::entry_slot(entry);
+            schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
         p.teacher[ce * kKeys + col] = sum * inv_group;
       }
     }
@@ -238,9 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       if (r >= live_rows) continue;
       const uint64_t entry = entries[e0 + r / p.group];
       const int64_t ce =
-          (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
-              p.top_k +
-          schedule::entry_slot(entry);
+          schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
       float* dst = p.dq_part + (ce * p.group + r % p.group) * kD + 64 * wg + 2 * (lane % 4);
 #pragma unroll
       for (int t = 0; t < 8; ++t)

@@ -215,9 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       if (r >= live_rows) continue;
       const uint64_t entry = entries[e0 + r / p.group];
       const int64_t ce =
-          (int64_t(item.bp) * p.chunk_tokens + schedule::entry_token(entry) - p.chunk_begin) *
-              p.top_k +
-          schedule::entry_slot(entry);
+          schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
       const int64_t row = ce * p.group + r % p.group;
       const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
       uint32_t packed[kD / 8];
