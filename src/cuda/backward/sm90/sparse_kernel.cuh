@@ -19,7 +19,6 @@
 #include <cstdint>
 
 #include "cuda/backward/sm90/sparse_sm90.h"
-#include "cuda/common/check.h"
 #include "cuda/common/wgmma_sm90.cuh"
 #include "cuda/schedule/edges.cuh"
 
@@ -275,15 +274,9 @@ namespace flash_msa::cuda::sm90 {
 
 template <class T>
 bool launch_sparse_backward(const sm80::SparseBackwardParams& params, cudaStream_t stream) {
-  const auto kernel = sparse_backward::backward_kernel<T>;
-  if (!hopper_kernels_usable(reinterpret_cast<const void*>(kernel))) return false;
-  constexpr int kBytes = sparse_backward::SharedMemory::kBytes;
-  FLASH_MSA_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
-  kernel<<<static_cast<unsigned>(params.items.max_items), sparse_backward::kThreads, kBytes,
-           stream>>>(params);
-  FLASH_MSA_CHECK_LAUNCH();
-  return true;
+  return launch_hopper(sparse_backward::backward_kernel<T>,
+                       static_cast<unsigned>(params.items.max_items), sparse_backward::kThreads,
+                       sparse_backward::SharedMemory::kBytes, params, stream);
 }
 
 }  // namespace flash_msa::cuda::sm90

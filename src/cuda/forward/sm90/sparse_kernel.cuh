@@ -22,7 +22,6 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/common/check.h"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/common/wgmma_sm90.cuh"
@@ -244,15 +243,9 @@ namespace flash_msa::cuda::sm90 {
 
 template <class T>
 bool launch_sparse_forward(const sm80::SparseForwardParams& params, cudaStream_t stream) {
-  const auto kernel = sparse_forward::forward_kernel<T>;
-  if (!hopper_kernels_usable(reinterpret_cast<const void*>(kernel))) return false;
-  constexpr int kBytes = sparse_forward::SharedMemory::kBytes;
-  FLASH_MSA_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
-  kernel<<<static_cast<unsigned>(params.items.max_items), sparse_forward::kThreads, kBytes,
-           stream>>>(params);
-  FLASH_MSA_CHECK_LAUNCH();
-  return true;
+  return launch_hopper(sparse_forward::forward_kernel<T>,
+                       static_cast<unsigned>(params.items.max_items), sparse_forward::kThreads,
+                       sparse_forward::SharedMemory::kBytes, params, stream);
 }
 
 }  // namespace flash_msa::cuda::sm90
