@@ -58,7 +58,7 @@ struct SparseLayout {
   float* dk_acc;    // [B, Hk, S, D]
   float* dv_acc;    // [B, Hk, S, D]
   float* dkp_acc;   // [B, Hpk, S, Dp]
-  float* dq_part;   // [edges, G, D]
+  void* dq_part;    // [edges, G, D] dtype
   float* dqp_part;  // [edges, Dp]
   float* teacher;   // [edges, 128]
   float* dk_part;   // [items, 128, D]
@@ -80,7 +80,7 @@ SparseLayout sparse_layout(const Problem& pr, int64_t chunk, void* base) {
   l.dk_acc = c.take<float>(pr.batch * pr.kv_heads * S * D);
   l.dv_acc = c.take<float>(pr.batch * pr.kv_heads * S * D);
   l.dkp_acc = c.take<float>(pr.batch * pr.proxy_kv_heads * S * Dp);
-  l.dq_part = c.take<float>(edges * (pr.heads / pr.proxy_heads) * D);
+  l.dq_part = c.take<uint16_t>(edges * (pr.heads / pr.proxy_heads) * D);
   l.dqp_part = c.take<float>(edges * Dp);
   l.teacher = c.take<float>(edges * kBlockSize);
   l.dk_part = c.take<float>(items * kBlockSize * D);
@@ -204,7 +204,7 @@ void sparse_backward_impl(const BackwardParams& params, Workspace workspace, cud
         .proxy_scale_log2 = pr.proxy_scale * kLog2e,
         .inv_rows = static_cast<float>(1.0 / (double(pr.batch) * pr.proxy_heads * pr.seqlen)),
     };
-    const auto rows = [&](const float* part, const MutView& dst, float scale, int rows, int width) {
+    const auto rows = [&](const void* part, const MutView& dst, float scale, int rows, int width) {
       return sm80::RowsReduceParams{
           .part = part,
           .dst = dst,
@@ -243,8 +243,8 @@ void sparse_backward_impl(const BackwardParams& params, Workspace workspace, cud
       if (kD != 128 || !sm90::launch_sparse_backward<T>(bp, stream))
         sm80::launch_sparse_backward<T, kD, false>(bp, stream);
       if (proxy) sm80::launch_proxy<T, kDp, sm80::ProxyMode::kGrad>(pp, stream);
-      sm80::launch_rows_reduce<T>(rows(ws.dq_part, params.dq, pr.scale, group, D), stream);
-      sm80::launch_rows_reduce<T>(
+      sm80::launch_rows_reduce<T, T>(rows(ws.dq_part, params.dq, pr.scale, group, D), stream);
+      sm80::launch_rows_reduce<T, float>(
           rows(proxy ? ws.dqp_part : nullptr, params.dqp, pr.proxy_scale, 1, Dp), stream);
     });
     sm80::launch_keys_reduce(keys(ws.dk_part, ws.dk_acc, D, pr.kv_heads), stream);

@@ -102,11 +102,44 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                "l"(gmem_src), "r"(valid ? 16 : 0));
 }
 
+// 4-byte global->shared copy (through L1); `valid == false` zero-fills the destination.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem_dst)),
+               "l"(gmem_src), "r"(valid ? 4 : 0));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// ---- partial rows in fragment order ----
+// The per-edge partial rows (forward out, dQ, dQp) are stored as the accumulator fragments hold
+// them: lane quad c (lane % 4) of the row's thread writes its columns 8 t + 2 c + e (t < width
+// / 8, e < 2) contiguously, so position c * width / 4 + 2 t + e holds column 8 t + 2 c + e.
+// The passes that sum the partials read 8 positions at a time, which hold four column pairs.
+
+// kWords consecutive 32-bit words (16-byte stores, or 8-byte ones for kWords = 2).
+template <int kWords>
+__device__ __forceinline__ void store_words(void* dst, const uint32_t (&words)[kWords]) {
+  static_assert(kWords % 4 == 0 || kWords == 2, "16- or 8-byte stores");
+  if constexpr (kWords == 2) {
+    *static_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+  } else {
+#pragma unroll
+    for (int x = 0; x < kWords / 4; ++x)
+      static_cast<uint4*>(dst)[x] =
+          make_uint4(words[4 * x], words[4 * x + 1], words[4 * x + 2], words[4 * x + 3]);
+  }
+}
+
+// Positions 8 j .. 8 j + 7 of a fragment-order row of `width` columns (>= 32) hold columns
+// col + 8 u, col + 8 u + 1 (u < 4) for col = fragment_column(j, width).
+__device__ __forceinline__ int fragment_column(int j, int width) {
+  const int quarter = width / 4;
+  return 2 * (8 * j / quarter) + 8 * ((8 * j % quarter) / 2);
 }
 
 }  // namespace flash_msa::cuda

@@ -92,7 +92,7 @@ struct WgmmaType<__half> {
       " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
       "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
       "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
-      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"                \
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"            \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
@@ -103,7 +103,7 @@ struct WgmmaType<__half> {
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
         "+f"(d[63])                                                                                \
-      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)))
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB))
 #define FLASH_MSA_WGMMA_M64N64K16_RS_MN(TY)                                                        \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
@@ -132,8 +132,9 @@ struct WgmmaType<__half> {
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB))
 
-// d (64 x 128) (+)= A (64 x 16, K-major, shared) * B (16 x 128, K-major, shared).
-template <class T>
+// d (64 x 128) (+)= A (64 x 16) * B (16 x 128), both in shared memory; kTransA / kTransB: the
+// operand is MN-major (1) rather than K-major (0).
+template <class T, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a,
                                                     uint64_t desc_b, bool accumulate) {
   if constexpr (WgmmaType<T>::kBf16)

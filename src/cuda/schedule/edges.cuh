@@ -64,4 +64,28 @@ __device__ __forceinline__ bool find_item(const Items& items, int buckets, int n
   return true;
 }
 
+// The entries of a work item decoded once, for kernels that keep them in shared memory: row
+// e - item.begin holds entry e's token, the first token of its document and its chunk edge.
+struct ItemRows {
+  int token[kItemTokens];
+  int first[kItemTokens];
+  int64_t edge[kItemTokens];
+};
+
+// Fills `rows` for `item` with threads [0, kThreads); the caller synchronises before reading.
+// doc_start: the item's batch row of Index::doc_start.
+template <int kThreads>
+__device__ __forceinline__ void load_item_rows(ItemRows& rows, const Item& item,
+                                               const uint64_t* entries, const int32_t* doc_start,
+                                               int chunk_tokens, int chunk_begin, int top_k,
+                                               int thread) {
+  for (int t = thread; t < item.end - item.begin; t += kThreads) {
+    const uint64_t entry = entries[item.begin + t];
+    const int token = entry_token(entry);
+    rows.token[t] = token;
+    rows.first[t] = __ldg(doc_start + token);
+    rows.edge[t] = chunk_edge(item.bp, chunk_tokens, chunk_begin, top_k, entry);
+  }
+}
+
 }  // namespace flash_msa::cuda::schedule

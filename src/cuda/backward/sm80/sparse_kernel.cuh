@@ -5,7 +5,7 @@
 //   S = Q K^T, dP = dO V^T                     (8 warps as 4 x 2: 16 rows x 64 keys each)
 //   P = exp2(S scale log2e - lse log2e), dS = P (dP - Delta)   (to shared memory, in the dtype)
 //   dV += P^T dO, dK += dS^T Q                 (8 warps as 4 x 2: 32 keys x D/2 each)
-//   dQ_n = dS K                                (16 rows x D/2 each), stored per edge
+//   dQ_n = dS K                                (16 rows x D/2 each), stored per edge in the dtype
 // and, when the proxy gradients or the KL value need it, the teacher of each token,
 // t = mean over the G heads of P (SPEC section 3), stored per edge for the proxy kernel.
 // Nothing is accumulated across CTAs here: dQ is summed over each token's slots and dK, dV over
@@ -202,11 +202,13 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       const uint64_t entry = entries[e0 + r / p.group];
       const int64_t ce =
           schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
-      float* dst = p.dq_part + (ce * p.group + r % p.group) * kD + kHalfD * wn + 2 * (lane % 4);
+      uint32_t words[kHalfD / 8];  // positions (lane % 4) * D / 4 + D / 4 wn .. (fragment order)
 #pragma unroll
       for (int nt = 0; nt < kHalfD / 8; ++nt)
-        *reinterpret_cast<float2*>(dst + nt * 8) =
-            make_float2(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
+        words[nt] = Elem<T>::pack(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
+      store_words(static_cast<T*>(p.dq_part) + (ce * p.group + r % p.group) * kD +
+                      (lane % 4) * (kD / 4) + (kHalfD / 4) * wn,
+                  words);
     }
   }
 

@@ -45,42 +45,63 @@ __global__ void __launch_bounds__(kThreads) delta_kernel(const DeltaParams p) {
   if (lane == 0) p.delta[row] = sum;
 }
 
-// One thread per 4 columns of one (b, p, token, g) row.
+// The 8 values at positions 8 j .. of a partial row (one or two 16-byte loads).
+__device__ __forceinline__ void load_octet(const float* src, float (&v)[8]) {
+  const float4 lo = reinterpret_cast<const float4*>(src)[0];
+  const float4 hi = reinterpret_cast<const float4*>(src)[1];
+  v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z,
+  v[7] = hi.w;
+}
 template <class T>
+__device__ __forceinline__ void load_octet(const T* src, float (&v)[8]) {
+  const uint4 bits = *reinterpret_cast<const uint4*>(src);
+  const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 f = Elem<T>::unpack(words[e]);
+    v[2 * e] = f.x;
+    v[2 * e + 1] = f.y;
+  }
+}
+
+// One thread per 8 positions (four column pairs, fragment order) of one (b, p, token, g) row.
+template <class T, class Part>
 __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceParams p) {
-  const int quads = p.width / 4, tokens = p.chunk_end - p.chunk_begin;
+  const int octets = p.width / 8, tokens = p.chunk_end - p.chunk_begin;
   int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (x >= int64_t(p.batch) * p.proxy_heads * tokens * p.rows * quads) return;
-  const int c = static_cast<int>(x % quads) * 4;
-  x /= quads;
+  if (x >= int64_t(p.batch) * p.proxy_heads * tokens * p.rows * octets) return;
+  const int j = static_cast<int>(x % octets);
+  x /= octets;
   const int g = static_cast<int>(x % p.rows);
   x /= p.rows;
   const int t = static_cast<int>(x % tokens);
   const int64_t bp = x / tokens;
   const int b = static_cast<int>(bp / p.proxy_heads), ph = static_cast<int>(bp % p.proxy_heads);
   const int i = p.chunk_begin + t;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float acc[8] = {};
   if (p.part) {
     const uint64_t slots =
         schedule::valid_slots(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
                               __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
     const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;
+    const Part* part = static_cast<const Part*>(p.part) + g * p.width + 8 * j;
     // Independent iterations, unrolled so that several loads are in flight.
 #pragma unroll 4
     for (int k = 0; k < p.top_k; ++k) {
       if (!((slots >> k) & 1)) continue;
-      const float4 v =
-          *reinterpret_cast<const float4*>(p.part + ((ce0 + k) * p.rows + g) * p.width + c);
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
+      float v[8];
+      load_octet(part + (ce0 + k) * p.rows * p.width, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] += v[e];
     }
   }
   T* dst = static_cast<T*>(p.dst.data) + b * p.dst.stride_b +
-           (int64_t(ph) * p.rows + g) * p.dst.stride_h + i * p.dst.stride_s + c;
-  *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(p.scale * acc.x, p.scale * acc.y);
-  *reinterpret_cast<uint32_t*>(dst + 2) = Elem<T>::pack(p.scale * acc.z, p.scale * acc.w);
+           (int64_t(ph) * p.rows + g) * p.dst.stride_h + i * p.dst.stride_s +
+           fragment_column(j, p.width);
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    *reinterpret_cast<uint32_t*>(dst + 8 * e) =
+        Elem<T>::pack(p.scale * acc[2 * e], p.scale * acc[2 * e + 1]);
 }
 
 // One thread per 4 columns of one (b, c, key) row of the accumulator.
@@ -145,12 +166,12 @@ void launch_delta(const DeltaParams& params, cudaStream_t stream) {
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-template <class T>
+template <class T, class Part>
 void launch_rows_reduce(const RowsReduceParams& params, cudaStream_t stream) {
   const int64_t threads = int64_t(params.batch) * params.proxy_heads *
                           (params.chunk_end - params.chunk_begin) * params.rows *
-                          (params.width / 4);
-  rows_reduce_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(params);
+                          (params.width / 8);
+  rows_reduce_kernel<T, Part><<<blocks_for(threads), kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
@@ -168,9 +189,10 @@ void launch_keys_store(const KeysStoreParams& params, cudaStream_t stream) {
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-#define FLASH_MSA_INSTANTIATE(T)                                              \
-  template void launch_delta<T>(const DeltaParams&, cudaStream_t);            \
-  template void launch_rows_reduce<T>(const RowsReduceParams&, cudaStream_t); \
+#define FLASH_MSA_INSTANTIATE(T)                                                     \
+  template void launch_delta<T>(const DeltaParams&, cudaStream_t);                   \
+  template void launch_rows_reduce<T, T>(const RowsReduceParams&, cudaStream_t);     \
+  template void launch_rows_reduce<T, float>(const RowsReduceParams&, cudaStream_t); \
   template void launch_keys_store<T>(const KeysStoreParams&, cudaStream_t);
 FLASH_MSA_INSTANTIATE(__nv_bfloat16)
 FLASH_MSA_INSTANTIATE(__half)

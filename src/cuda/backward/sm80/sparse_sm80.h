@@ -22,7 +22,8 @@ struct SparseBackwardParams {
   schedule::Items items;
   const float* lse;    // [B, H, S] natural log, from the forward
   const float* delta;  // [B, H, S] <out, dout>; unused in teacher mode
-  float* dq_part;      // [chunk edges, G, D] dS K of the block (unscaled); unused in teacher mode
+  void* dq_part;       // [chunk edges, G, D] dtype, dS K of the block (unscaled), rows in
+                       // fragment order (mma_sm80.cuh); unused in teacher mode
   float* teacher;      // [chunk edges, 128] mean over the group's heads of P; null: not needed
   float* dk_part;      // [items, 128, D] dS^T Q of the item (unscaled); unused in teacher mode
   float* dv_part;      // [items, 128, D] P^T dO of the item; unused in teacher mode
@@ -48,7 +49,8 @@ struct DeltaParams {
 // Per-edge partial rows of a chunk summed over each token's valid slots (slot order), scaled and
 // stored: dst[b, p * rows + g, i] = scale * sum_slots part[ce, g]. part null: zeros.
 struct RowsReduceParams {
-  const float* part;         // [chunk edges, rows, width]
+  const void* part;          // [chunk edges, rows, width] of Part (launch_rows_reduce), rows in
+                             // fragment order (mma_sm80.cuh)
   MutView dst;               // [B, Hp * rows, S, width] strided
   const int32_t* indices;    // [B, Hp, S, K]
   const int32_t* doc_start;  // [B * S]
@@ -80,7 +82,8 @@ struct KeysStoreParams {
 
 template <class T>
 void launch_delta(const DeltaParams& params, cudaStream_t stream);
-template <class T>
+// Part: the partials' element type, the dtype T (dQ) or float (dQp).
+template <class T, class Part>
 void launch_rows_reduce(const RowsReduceParams& params, cudaStream_t stream);
 void launch_keys_reduce(const KeysReduceParams& params, cudaStream_t stream);
 template <class T>

@@ -2,14 +2,18 @@
 // work items and outputs as the portable kernel (backward/sm80/sparse_kernel.cuh: dQ per edge,
 // dK and dV per item, the teacher per edge), so the reductions that follow are shared.
 //
-// One CTA takes a work item and keeps K_n, V_n of its block in shared memory; its two
-// warpgroups share each 64-row query tile (floor(64 / G) tokens x G heads; Q and dO
-// double-buffered, the next tile's gather in flight) and split the block's keys: warpgroup w
-// owns keys 64 w .. 64 w + 63 and their dK, dV in registers (2 x 64 fp32 per thread). Per tile:
+// One CTA takes a work item and keeps K_n, V_n of its block in shared memory, and the item's
+// entries decoded (token, document start, edge; schedule::ItemRows), so that no global load
+// stands between a tile and its gather; its two warpgroups share each 64-row query tile
+// (floor(64 / G) tokens x G heads; Q, dO and the rows' lse, Delta double-buffered, the next
+// tile's gather in flight) and split the block's keys: warpgroup w owns keys 64 w .. 64 w + 63
+// and their dK, dV in registers (2 x 64 fp32 per thread). Per tile:
 //   S = Q K_w^T, dP = dO V_w^T              (m64n64k16 from shared memory)
 //   P = exp2(S scale log2e - lse log2e), dS = P (dP - Delta), both to shared memory in the dtype
-//   dV_w += P_w^T dO, dK_w += dS_w^T Q      (P^T, dS^T read MN-major: no transposing copies)
-//   dQ[:, 64 w ..] = dS K[:, 64 w ..]       (the whole dS, so each warpgroup owns 64 columns)
+//   dV_w += P_w^T dO, dK_w += dS_w^T Q      (m64n128k16; P^T, dS^T read MN-major: no
+//                                            transposing copies)
+//   dQ[:, 64 w ..] = dS K[:, 64 w ..]       (the whole dS, so each warpgroup owns 64 columns;
+//                                            stored per edge in the dtype)
 // with one CTA barrier between the two phases (dQ needs both halves of dS) and one per tile.
 #pragma once
 
@@ -57,6 +61,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Smem = SharedMemory;
   extern __shared__ unsigned char smem_raw[];
+  __shared__ schedule::ItemRows rows;
+  __shared__ float row_stats[2][2][kRows];  // [tile buffer][lse, Delta][tile row]
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* s_p = smem + Smem::kP;
@@ -73,8 +79,6 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
   const T* dout =
       static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
-  const uint64_t* entries = p.index.entries;
-  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
   const int64_t stats = (int64_t(b) * p.heads + head0) * p.seqlen;  // lse / delta of head0
 
   copy_rows_sw128<kKeys, kD, kThreads>(
@@ -86,50 +90,61 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v,
       threadIdx.x);
   cp_async_commit();
+  schedule::load_item_rows<kThreads>(rows, item, p.index.entries,
+                                     p.index.doc_start + int64_t(b) * p.seqlen, p.chunk_tokens,
+                                     p.chunk_begin, p.top_k, threadIdx.x);
+  __syncthreads();  // the item's rows are in place
 
+  const int item_rows = item.end - item.begin;
   const int tile_tokens = kRows / p.group;
-  auto load_tile = [&](int e0, int buf) {
-    auto token_of = [&](int r) {  // the token of tile row r, or -1 past the item
-      const int t = r / p.group;
-      return t < tile_tokens && e0 + t < item.end ? schedule::entry_token(entries[e0 + t]) : -1;
-    };
+  // Tile row r holds item row t0 + r / G, head head0 + r % G; -1: past the item.
+  auto item_row = [&](int t0, int r) {
+    const int t = r / p.group;
+    return t < tile_tokens && t0 + t < item_rows ? t0 + t : -1;
+  };
+  // Q, dO, lse and Delta of the tile at item row t0, into buffer buf.
+  auto load_tile = [&](int t0, int buf) {
     copy_rows_sw128<kRows, kD, kThreads>(
         smem + Smem::kQ + buf * Smem::kTile,
         [&](int r) -> const T* {
-          const int token = token_of(r);
-          return token < 0 ? nullptr : q + (r % p.group) * p.q.stride_h + token * p.q.stride_s;
+          const int t = item_row(t0, r);
+          return t < 0 ? nullptr : q + (r % p.group) * p.q.stride_h + rows.token[t] * p.q.stride_s;
         },
         q, threadIdx.x);
     copy_rows_sw128<kRows, kD, kThreads>(
         smem + Smem::kDout + buf * Smem::kTile,
         [&](int r) -> const T* {
-          const int token = token_of(r);
-          return token < 0 ? nullptr
-                           : dout + (r % p.group) * p.dout.stride_h + token * p.dout.stride_s;
+          const int t = item_row(t0, r);
+          return t < 0 ? nullptr
+                       : dout + (r % p.group) * p.dout.stride_h + rows.token[t] * p.dout.stride_s;
         },
         dout, threadIdx.x);
+    if (threadIdx.x < 2 * kRows) {
+      const int r = threadIdx.x % kRows, which = threadIdx.x / kRows, t = item_row(t0, r);
+      const int64_t at = stats + int64_t(r % p.group) * p.seqlen + (t < 0 ? 0 : rows.token[t]);
+      cp_async_4(&row_stats[buf][which][r], (which == 0 ? p.lse : p.delta) + at, t >= 0);
+    }
     cp_async_commit();
   };
-  load_tile(item.begin, 0);
+  load_tile(0, 0);
 
-  // dK, dV of key 64 wg + 16 warp + lane / 4 + 8 (e / 2), column 64 half + 8 t + 2 (lane % 4) +
-  // e % 2 in [half][4 t + e].
-  float dk[2][32], dv[2][32];
+  // dK, dV of key 64 wg + 16 warp + lane / 4 + 8 (e / 2), column 8 t + 2 (lane % 4) + e % 2 in
+  // [4 t + e] (the m64n128 accumulator).
+  float dk[64], dv[64];
 #pragma unroll
-  for (int j = 0; j < 32; ++j) dk[0][j] = dk[1][j] = dv[0][j] = dv[1][j] = 0.f;
+  for (int j = 0; j < 64; ++j) dk[j] = dv[j] = 0.f;
   const uint32_t k_addr = smem_addr(smem + Smem::kK), v_addr = smem_addr(smem + Smem::kV);
   const uint32_t p_addr = smem_addr(s_p), ds_addr = smem_addr(s_ds);
 
   int buf = 0;
-  for (int e0 = item.begin; e0 < item.end; e0 += tile_tokens, buf ^= 1) {
+  for (int t0 = 0; t0 < item_rows; t0 += tile_tokens, buf ^= 1) {
     cp_async_wait<0>();
     fence_async_shared();
     __syncthreads();  // this tile landed; the last tile's products are done with every buffer
-    if (e0 + tile_tokens < item.end) load_tile(e0 + tile_tokens, buf ^ 1);
+    if (t0 + tile_tokens < item_rows) load_tile(t0 + tile_tokens, buf ^ 1);
     const uint32_t q_addr = smem_addr(smem + Smem::kQ + buf * Smem::kTile);
     const uint32_t do_addr = smem_addr(smem + Smem::kDout + buf * Smem::kTile);
-    const int live_tokens = min(tile_tokens, item.end - e0);
-    const int live_rows = live_tokens * p.group;
+    const int live_tokens = min(tile_tokens, item_rows - t0);
 
     // S = Q K_w^T and dP = dO V_w^T: K-steps of 16 columns, 4 per 64-column panel; this
     // warpgroup's keys are rows 64 wg .. of each K / V panel.
@@ -146,23 +161,17 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
     }
     wgmma_commit();
 
-    // Rows 16 warp + 8 h + lane / 4, while the products run; past the tile: no visible key.
+    // Rows 16 warp + 8 h + lane / 4, while the products run; past the tile: no visible key
+    // (and lse, Delta zero-filled).
     int query[2], first[2];
     float lse2[2], delta[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = 16 * warp + 8 * h + lane / 4;
-      query[h] = -1;
-      first[h] = INT_MAX;
-      lse2[h] = 0.f;
-      delta[h] = 0.f;
-      if (r < live_rows) {
-        query[h] = schedule::entry_token(entries[e0 + r / p.group]);
-        first[h] = __ldg(doc_start + query[h]);
-        const int64_t at = stats + int64_t(r % p.group) * p.seqlen + query[h];
-        lse2[h] = __ldg(p.lse + at) * kLog2e;
-        delta[h] = __ldg(p.delta + at);
-      }
+      const int r = 16 * warp + 8 * h + lane / 4, t = item_row(t0, r);
+      query[h] = t < 0 ? -1 : rows.token[t];
+      first[h] = t < 0 ? INT_MAX : rows.first[t];
+      lse2[h] = row_stats[buf][0][r] * kLog2e;
+      delta[h] = row_stats[buf][1][r];
     }
     wgmma_wait<0>();
     fence_operands(s);
@@ -189,21 +198,17 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
     __syncthreads();  // both halves of P and dS are in place
 
     // dV_w += P_w^T dO and dK_w += dS_w^T Q over the tile's rows (16 per step; P, dS read
-    // MN-major from panel wg; dO, Q MN-major per 64-column half); dQ = dS K[:, 64 wg ..] over
-    // the block's keys (dS K-major, K MN-major from panel wg).
+    // MN-major from panel wg; dO, Q MN-major, both 64-column panels at once); dQ = dS K[:, 64 wg
+    // ..] over the block's keys (dS K-major, K MN-major from panel wg).
     float dq[32];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk) {
-      const uint32_t rows = kk * 16 * 128;
-      const uint64_t a_p = sw128_desc(p_addr + wg * kRows * 128 + rows, 16, 1024);
-      const uint64_t a_ds = sw128_desc(ds_addr + wg * kRows * 128 + rows, 16, 1024);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t cols = half * kRows * 128 + rows;
-        wgmma_m64n64k16_ss<T, 1, 1>(dv[half], a_p, sw128_desc(do_addr + cols, 16, 1024), true);
-        wgmma_m64n64k16_ss<T, 1, 1>(dk[half], a_ds, sw128_desc(q_addr + cols, 16, 1024), true);
-      }
+      const uint32_t rows16 = kk * 16 * 128;
+      wgmma_m64n128k16_ss<T, 1, 1>(dv, sw128_desc(p_addr + wg * kRows * 128 + rows16, 16, 1024),
+                                   sw128_desc(do_addr + rows16, kRows * 128, 1024), true);
+      wgmma_m64n128k16_ss<T, 1, 1>(dk, sw128_desc(ds_addr + wg * kRows * 128 + rows16, 16, 1024),
+                                   sw128_desc(q_addr + rows16, kRows * 128, 1024), true);
     }
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
@@ -220,47 +225,39 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
         for (int g = 0; g < p.group; ++g)
           sum += Elem<T>::to_float(*reinterpret_cast<const T*>(
               s_p + sw128_offset<kRows>(t * p.group + g, col / 8) + (col % 8) * 2));
-        const uint64_t entry = entries[e0 + t];
-        const int64_t ce =
-            schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
-        p.teacher[ce * kKeys + col] = sum * inv_group;
+        p.teacher[rows.edge[t0 + t] * kKeys + col] = sum * inv_group;
       }
     }
 
     wgmma_wait<0>();
     fence_operands(dq);
+    // dQ partial rows in the dtype, fragment order (mma_sm80.cuh): this thread's 16 columns of
+    // a row are positions (lane % 4) * 32 + 16 wg ...
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = 16 * warp + 8 * h + lane / 4;
-      if (r >= live_rows) continue;
-      const uint64_t entry = entries[e0 + r / p.group];
-      const int64_t ce =
-          schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
-      float* dst = p.dq_part + (ce * p.group + r % p.group) * kD + 64 * wg + 2 * (lane % 4);
+      const int r = 16 * warp + 8 * h + lane / 4, t = item_row(t0, r);
+      if (t < 0) continue;
+      uint32_t words[8];
 #pragma unroll
-      for (int t = 0; t < 8; ++t)
-        *reinterpret_cast<float2*>(dst + 8 * t) =
-            make_float2(dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);
+      for (int j = 0; j < 8; ++j) words[j] = Elem<T>::pack(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
+      store_words(static_cast<T*>(p.dq_part) + (rows.edge[t] * p.group + r % p.group) * kD +
+                      (lane % 4) * (kD / 4) + 16 * wg,
+                  words);
     }
   }
 
-  fence_operands(dk[0]);
-  fence_operands(dk[1]);
-  fence_operands(dv[0]);
-  fence_operands(dv[1]);
+  fence_operands(dk);
+  fence_operands(dv);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = 64 * wg + 16 * warp + 8 * h + lane / 4;
+    const int64_t at = (int64_t(blockIdx.x) * kKeys + key) * kD + 2 * (lane % 4);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t at = (int64_t(blockIdx.x) * kKeys + key) * kD + 64 * half + 2 * (lane % 4);
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        *reinterpret_cast<float2*>(p.dk_part + at + 8 * t) =
-            make_float2(dk[half][4 * t + 2 * h], dk[half][4 * t + 2 * h + 1]);
-        *reinterpret_cast<float2*>(p.dv_part + at + 8 * t) =
-            make_float2(dv[half][4 * t + 2 * h], dv[half][4 * t + 2 * h + 1]);
-      }
+    for (int t = 0; t < 16; ++t) {
+      *reinterpret_cast<float2*>(p.dk_part + at + 8 * t) =
+          make_float2(dk[4 * t + 2 * h], dk[4 * t + 2 * h + 1]);
+      *reinterpret_cast<float2*>(p.dv_part + at + 8 * t) =
+          make_float2(dv[4 * t + 2 * h], dv[4 * t + 2 * h + 1]);
     }
   }
 #else

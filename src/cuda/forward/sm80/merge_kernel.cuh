@@ -118,14 +118,11 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
       acc[2 * e + 1] += w * f.y;
     }
   }
-  // Fragment order: lane quad c holds columns 8 t + 2 c (+1) for t = 0 .. D/8 - 1, contiguously.
-  const int c = chunk * 8 / (kD / 4), t0 = (chunk * 8 % (kD / 4)) / 2;
-  T* out =
-      static_cast<T*>(p.out.data) + b * p.out.stride_b + head * p.out.stride_h + i * p.out.stride_s;
+  T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + head * p.out.stride_h +
+           i * p.out.stride_s + fragment_column(chunk, kD);
 #pragma unroll
   for (int e = 0; e < 4; ++e)
-    *reinterpret_cast<uint32_t*>(out + (t0 + e) * 8 + 2 * c) =
-        Elem<T>::pack(acc[2 * e], acc[2 * e + 1]);
+    *reinterpret_cast<uint32_t*>(out + 8 * e) = Elem<T>::pack(acc[2 * e], acc[2 * e + 1]);
   if (chunk == 0) p.lse[(int64_t(b) * p.heads + head) * p.seqlen + i] = lse2 * kLn2;
   if (chunk == 0 && g == 0) p.lse_proxy[bp * p.seqlen + i] = lse_p2 * kLn2;
 }

@@ -217,12 +217,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt)
           packed[dt] = Elem<T>::pack(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-        uint4* dst =
-            reinterpret_cast<uint4*>(static_cast<T*>(p.o_part) + row * kD + (lane % 4) * (kD / 4));
-#pragma unroll
-        for (int x = 0; x < kDTiles / 4; ++x)
-          dst[x] =
-              make_uint4(packed[4 * x], packed[4 * x + 1], packed[4 * x + 2], packed[4 * x + 3]);
+        store_words(static_cast<T*>(p.o_part) + row * kD + (lane % 4) * (kD / 4), packed);
         if (lane % 4 == 0) p.lse_part[row] = l_row > 0.f ? m[mt][h] + __log2f(l_row) : -INFINITY;
       }
   }

@@ -3,7 +3,9 @@
 // work items and the same partial results, so the merge is shared.
 //
 // One CTA takes a work item (up to 256 tokens that selected key block n of proxy head p): all
-// 256 threads load K_n and V_n into shared memory once; then each of the two warpgroups walks
+// 256 threads load K_n and V_n into shared memory once, and the item's entries decoded (token,
+// document start, edge; schedule::ItemRows), so that no global load stands between a tile and
+// its gather; then each of the two warpgroups walks
 // its own query tiles of 64 rows (floor(64 / G) tokens x G heads; tiles wg, wg + 2, ...) through
 // three shared buffers: the gather (cp.async) of the tile after next is in flight, and the next
 // tile's S = Q K^T is issued before this tile's softmax, so the tensor cores work on one while
@@ -14,7 +16,7 @@
 // block has only 128 keys, so the softmax is one pass (row max, exp2 of log2(e)-prescaled
 // scores, row sum), no rescaling; P, rounded to the input dtype, stays in registers as the A
 // operand of O = P V (m64n64k16 per 64 columns of V, V read MN-major). Partial rows go out in
-// the portable kernel's fragment order (lane quad c: columns 8 t + 2 c, 8 t + 2 c + 1).
+// fragment order (mma_sm80.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,6 +56,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::SparseForwardParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
+  __shared__ schedule::ItemRows rows;
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* s_k = smem;
@@ -71,8 +74,6 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   const T* v =
       static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.kv_group) * p.v.stride_h;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
-  const uint64_t* entries = p.index.entries;
-  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
 
   copy_rows_sw128<kKeys, kD, kThreads>(
       s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k,
@@ -81,9 +82,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v,
       threadIdx.x);
   cp_async_commit();
+  schedule::load_item_rows<kThreads>(rows, item, p.index.entries,
+                                     p.index.doc_start + int64_t(b) * p.seqlen, p.chunk_tokens,
+                                     p.chunk_begin, p.top_k, threadIdx.x);
+  __syncthreads();  // the item's rows are in place
 
+  const int item_rows = item.end - item.begin;
   const int tile_tokens = kRows / p.group;
-  const int tiles = (item.end - item.begin + tile_tokens - 1) / tile_tokens;
+  const int tiles = (item_rows + tile_tokens - 1) / tile_tokens;
   // Tile i of this warpgroup is item tile wg + 2 i, in buffer i % 3. Every load commits one
   // cp.async group, empty past the last tile, so that "all but the newest group" is always the
   // tile needed next.
@@ -93,14 +99,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   };
   auto load_q = [&](int i) {
     if (i < my_tiles) {
-      const int e0 = item.begin + (wg + kWarpgroups * i) * tile_tokens;
+      const int t0 = (wg + kWarpgroups * i) * tile_tokens;
       copy_rows_sw128<kRows, kD, 128>(
           q_buffer(i),
           [&](int r) -> const T* {
             const int t = r / p.group;
-            if (t >= tile_tokens || e0 + t >= item.end) return nullptr;
-            const int token = schedule::entry_token(entries[e0 + t]);
-            return q + (r % p.group) * p.q.stride_h + token * p.q.stride_s;
+            if (t >= tile_tokens || t0 + t >= item_rows) return nullptr;
+            return q + (r % p.group) * p.q.stride_h + rows.token[t0 + t] * p.q.stride_s;
           },
           q, wt);
     }
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t offset = (kk % 4) * 32;  // bytes into the panel's 128-byte rows
-      wgmma_m64n128k16_ss<T>(acc, sw128_desc(q_addr + (kk / 4) * kRows * 128 + offset, 16, 1024),
+      wgmma_m64n128k16_ss<T, 0, 0>(acc, sw128_desc(q_addr + (kk / 4) * kRows * 128 + offset, 16, 1024),
                              sw128_desc(k_addr + (kk / 4) * kKeys * 128 + offset, 16, 1024),
                              kk > 0);
     }
@@ -139,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     cp_async_wait<1>();
     fence_async_shared();
     warpgroup_sync(wg);  // tile i + 1 landed; every warp is past the S of tile i
-    const int e0 = item.begin + (wg + kWarpgroups * i) * tile_tokens;
-    const int live_rows = min(tile_tokens, item.end - e0) * p.group;
+    const int t0 = (wg + kWarpgroups * i) * tile_tokens;  // item row of the tile's first token
+    const int live_rows = min(tile_tokens, item_rows - t0) * p.group;
     // This lane's rows: 16 warp + 8 h + lane / 4 (h = 0, 1), token query[h], document first[h]
     // (no masking on rows past the tile's end).
     int query[2], first[2];
@@ -150,8 +155,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       query[h] = INT_MAX;
       first[h] = INT_MIN;
       if (r < live_rows) {
-        query[h] = schedule::entry_token(entries[e0 + r / p.group]);
-        first[h] = __ldg(doc_start + query[h]);
+        query[h] = rows.token[t0 + r / p.group];
+        first[h] = rows.first[t0 + r / p.group];
       }
     }
 
@@ -212,21 +217,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * warp + 8 * h + lane / 4;
       if (r >= live_rows) continue;
-      const uint64_t entry = entries[e0 + r / p.group];
-      const int64_t ce =
-          schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
-      const int64_t row = ce * p.group + r % p.group;
+      const int64_t row = rows.edge[t0 + r / p.group] * p.group + r % p.group;
       const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
       uint32_t packed[kD / 8];
 #pragma unroll
       for (int t = 0; t < kD / 8; ++t)
         packed[t] = Elem<T>::pack(o[t / 8][4 * (t % 8) + 2 * h] * inv,
                                   o[t / 8][4 * (t % 8) + 2 * h + 1] * inv);
-      uint4* dst =
-          reinterpret_cast<uint4*>(static_cast<T*>(p.o_part) + row * kD + (lane % 4) * (kD / 4));
-#pragma unroll
-      for (int x = 0; x < kD / 32; ++x)
-        dst[x] = make_uint4(packed[4 * x], packed[4 * x + 1], packed[4 * x + 2], packed[4 * x + 3]);
+      store_words(static_cast<T*>(p.o_part) + row * kD + (lane % 4) * (kD / 4), packed);
       if (lane % 4 == 0) p.lse_part[row] = l[h] > 0.f ? m[h] + __log2f(l[h]) : -INFINITY;
     }
 #pragma unroll

@@ -8,8 +8,10 @@
 //   kGrad: g = w (pp - t) / (B Hp S) in the dtype in shared memory, dQp_n = g Kp per edge
 //          (16 rows x Dp/2 per warp) and dKp += g^T Qp in registers (32 keys x Dp/2), stored
 //          per item.
-// t is the teacher per edge from the main backward kernel. Row quantities are combined across
-// the two warps of a row through shared memory. As in the main kernels nothing is accumulated
+// t is the teacher per edge from the main backward kernel; it comes into shared memory with the
+// tile's Qp (and lse_proxy), the tokens and edges of the item from schedule::ItemRows, so that
+// no global load waits inside a tile. Row quantities are combined across the two warps of a row
+// through shared memory. As in the main kernels nothing is accumulated
 // across CTAs, and the scale factors are applied by the reductions.
 #pragma once
 
@@ -32,25 +34,36 @@ inline constexpr int kKeys = 128;     // keys of a block
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-template <int kDp>
-struct SharedMemory {  // element offsets: Kp, Qp[2], g; then the fp32 row exchange [2][2][64]
+inline constexpr int kTeacherStride = kKeys + 8;  // floats per teacher row in shared memory
+
+// Element offsets of Kp, Qp[2], g; then byte offsets of the fp32 row exchange [2][2][64] and,
+// with kWithTeacher, the tiles' lse_proxy [2][64] and teacher rows [2][64][kTeacherStride] (padded
+// so that a warp's float2 reads of 8 rows fall in distinct banks as far as they can).
+template <int kDp, bool kWithTeacher>
+struct SharedMemory {
   static constexpr int kKp = 0;
   static constexpr int kQp = kKp + kKeys * kDp;
   static constexpr int kG = kQp + 2 * kRows * kDp;
-  static constexpr int kExchange = (kG + kRows * kKeys) * 2;  // bytes
-  static constexpr int kBytes = kExchange + 2 * 2 * kRows * 4;
+  static constexpr int kExchange = (kG + kRows * kKeys) * 2;
+  static constexpr int kLse = kExchange + 2 * 2 * kRows * 4;
+  static constexpr int kTeacher = kLse + 2 * kRows * 4;
+  static constexpr int kBytes = kTeacher + (kWithTeacher ? 2 * kRows * kTeacherStride * 4 : 0);
 };
 
 template <class T, int kDp, ProxyMode kMode>
 __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p) {
-  using Smem = SharedMemory<kDp>;
   constexpr bool kGrad = kMode == ProxyMode::kGrad;
+  constexpr bool kTeacher = kMode != ProxyMode::kLse;
+  using Smem = SharedMemory<kDp, kTeacher>;
   constexpr int kHalfDp = kDp / 2;
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ schedule::ItemRows rows;
   T* const smem = reinterpret_cast<T*>(smem_raw);
   T* s_kp = smem + Smem::kKp;
   T* s_g = smem + Smem::kG;
   float(*exchange)[2][kRows] = reinterpret_cast<float(*)[2][kRows]>(smem_raw + Smem::kExchange);
+  float(*s_lse)[kRows] = reinterpret_cast<float(*)[kRows]>(smem_raw + Smem::kLse);
+  float* s_teacher = reinterpret_cast<float*>(smem_raw + Smem::kTeacher);
 
   schedule::Item item;
   if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
@@ -61,36 +74,56 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
   const T* kp =
       static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.proxy_group) * p.kp.stride_h;
   const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
-  const uint64_t* entries = p.index.entries;
-  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
   const float coef = kGrad ? __ldg(p.kl_grad) * p.inv_rows : 0.f;
 
   copy_rows_async<kKeys, kDp, kThreads>(
       s_kp, [&](int r) { return key0 + r < p.seqlen ? kp + (key0 + r) * p.kp.stride_s : nullptr; },
       kp);
   cp_async_commit();
-  auto load_tile = [&](int e0, int buf) {
+  schedule::load_item_rows<kThreads>(rows, item, p.index.entries,
+                                     p.index.doc_start + int64_t(b) * p.seqlen, p.chunk_tokens,
+                                     p.chunk_begin, p.top_k, threadIdx.x);
+  __syncthreads();  // the item's rows are in place
+  const int item_rows = item.end - item.begin;
+  // Qp of the tile at item row t0 into buffer buf, with its rows' lse_proxy and teacher rows
+  // (zeros past the item).
+  auto load_tile = [&](int t0, int buf) {
     copy_rows_async<kRows, kDp, kThreads>(
         smem + Smem::kQp + buf * kRows * kDp,
         [&](int r) -> const T* {
-          return e0 + r < item.end ? qp + schedule::entry_token(entries[e0 + r]) * p.qp.stride_s
-                                   : nullptr;
+          return t0 + r < item_rows ? qp + rows.token[t0 + r] * p.qp.stride_s : nullptr;
         },
         qp);
+    if constexpr (kTeacher) {
+      if (threadIdx.x < kRows) {
+        const int r = threadIdx.x;
+        const bool live = t0 + r < item_rows;
+        cp_async_4(&s_lse[buf][r],
+                   p.lse_proxy + int64_t(item.bp) * p.seqlen + (live ? rows.token[t0 + r] : 0),
+                   live);
+      }
+#pragma unroll 4
+      for (int x = threadIdx.x; x < kRows * kKeys / 4; x += kThreads) {
+        const int r = x / (kKeys / 4), c = 4 * (x % (kKeys / 4));
+        const bool live = t0 + r < item_rows;
+        cp_async_16(s_teacher + (buf * kRows + r) * kTeacherStride + c,
+                    p.teacher + (live ? rows.edge[t0 + r] : 0) * kKeys + c, live);
+      }
+    }
     cp_async_commit();
   };
-  load_tile(item.begin, 0);
+  load_tile(0, 0);
 
   float dkp[2][kHalfDp / 8][4];
   if (kGrad) zero(dkp);
 
   int buf = 0;
-  for (int e0 = item.begin; e0 < item.end; e0 += kRows, buf ^= 1) {
+  for (int t0 = 0; t0 < item_rows; t0 += kRows, buf ^= 1) {
     cp_async_wait<0>();
     __syncthreads();
-    if (e0 + kRows < item.end) load_tile(e0 + kRows, buf ^ 1);
+    if (t0 + kRows < item_rows) load_tile(t0 + kRows, buf ^ 1);
     const T* s_qp = smem + Smem::kQp + buf * kRows * kDp;
-    const int live_rows = min(kRows, item.end - e0);
+    const int live_rows = min(kRows, item_rows - t0);
 
     // Rows 16 wm + 8 h + lane / 4 of Sp.
     int query[2], first[2];
@@ -104,13 +137,10 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
       edge[h] = 0;
       lse2[h] = 0.f;
       if (r < live_rows) {
-        const uint64_t entry = entries[e0 + r];
-        query[h] = schedule::entry_token(entry);
-        first[h] = __ldg(doc_start + query[h]);
-        edge[h] = (int64_t(item.bp) * p.chunk_tokens + query[h] - p.chunk_begin) * p.top_k +
-                  schedule::entry_slot(entry);
-        if (kMode != ProxyMode::kLse)
-          lse2[h] = __ldg(p.lse_proxy + int64_t(item.bp) * p.seqlen + query[h]) * kLog2e;
+        query[h] = rows.token[t0 + r];
+        first[h] = rows.first[t0 + r];
+        edge[h] = rows.edge[t0 + r];
+        if (kTeacher) lse2[h] = s_lse[buf][r] * kLog2e;
       }
     }
 
@@ -162,13 +192,12 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = 16 * wm + 8 * h + lane / 4;
-        const float* t_row = p.teacher + edge[h] * kKeys;
+        const float* t_row = s_teacher + (buf * kRows + r) * kTeacherStride;
         float term = 0.f;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           const int col = 64 * wn + nt * 8 + 2 * (lane % 4);
-          float2 t = make_float2(0.f, 0.f);
-          if (r < live_rows) t = *reinterpret_cast<const float2*>(t_row + col);
+          const float2 t = *reinterpret_cast<const float2*>(t_row + col);
           const float tv[2] = {t.x, t.y};
           float g[2];
 #pragma unroll
@@ -210,11 +239,14 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
         for (int h = 0; h < 2; ++h) {
           const int r = 16 * wm + 8 * h + lane / 4;
           if (r >= live_rows) continue;
-          float* dst = p.dqp_part + edge[h] * kDp + kHalfDp * wn + 2 * (lane % 4);
+          uint32_t words[kHalfDp / 4];  // fp32, fragment order (mma_sm80.cuh)
 #pragma unroll
-          for (int nt = 0; nt < kHalfDp / 8; ++nt)
-            *reinterpret_cast<float2*>(dst + nt * 8) =
-                make_float2(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
+          for (int nt = 0; nt < kHalfDp / 8; ++nt) {
+            words[2 * nt] = __float_as_uint(dq[0][nt][2 * h]);
+            words[2 * nt + 1] = __float_as_uint(dq[0][nt][2 * h + 1]);
+          }
+          store_words(p.dqp_part + edge[h] * kDp + (lane % 4) * (kDp / 4) + (kHalfDp / 4) * wn,
+                      words);
         }
       }
     }
@@ -242,7 +274,7 @@ namespace flash_msa::cuda::sm80 {
 
 template <class T, int kDp, ProxyMode kMode>
 void launch_proxy(const ProxyParams& params, cudaStream_t stream) {
-  constexpr int kBytes = proxy::SharedMemory<kDp>::kBytes;
+  constexpr int kBytes = proxy::SharedMemory<kDp, kMode != ProxyMode::kLse>::kBytes;
   const auto kernel = proxy::proxy_kernel<T, kDp, kMode>;
   FLASH_MSA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));

@@ -30,7 +30,7 @@ struct ProxyParams {
   const float* kl_grad;    // [1] upstream gradient w of kl (kGrad; the launch is skipped if null)
   float* lse_p_part;       // [chunk edges] log2 domain (kLse)
   float* kl_part;          // [chunk edges] (kKl)
-  float* dqp_part;         // [chunk edges, Dp] g Kp, unscaled (kGrad)
+  float* dqp_part;         // [chunk edges, Dp] g Kp, unscaled, fragment order (kGrad)
   float* dkp_part;         // [items, 128, Dp] g^T Qp, unscaled (kGrad)
   int chunk_begin, chunk_tokens;
   int seqlen, proxy_heads, proxy_group, top_k, num_blocks, buckets;
