@@ -66,6 +66,10 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Barrier of the 128 threads of warpgroup wg (named barrier wg + 1; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
 // Keeps the compiler from moving accesses of accumulator registers across wgmma issue and wait.
 template <int kN>
 __device__ __forceinline__ void fence_operands(float (&d)[kN]) {

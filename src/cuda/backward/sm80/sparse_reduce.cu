@@ -21,28 +21,33 @@ unsigned blocks_for(int64_t threads) {
   return static_cast<unsigned>((threads + kThreads - 1) / kThreads);
 }
 
-// One warp per (b, h, i) row: lanes stride over the row's 2-element pairs.
+// D / 8 lanes per (b, h, i) row (an aligned segment of the warp), 16 bytes of out and dout each.
 template <class T>
 __global__ void __launch_bounds__(kThreads) delta_kernel(const DeltaParams p) {
-  const int64_t row = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= int64_t(p.batch) * p.heads * p.seqlen) return;
+  const int lanes = p.head_dim / 8;
+  const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
+  const int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  // Lanes past the end stay (on the last row) for the segment's shuffles but store nothing.
+  const int64_t row = min(x / lanes, rows - 1);
+  const int c = static_cast<int>(x % lanes) * 8;
   const int i = static_cast<int>(row % p.seqlen);
   const int64_t bh = row / p.seqlen;
   const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-  const T* o = static_cast<const T*>(p.out.data) + b * p.out.stride_b + h * p.out.stride_h +
-               i * p.out.stride_s;
-  const T* d = static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h +
-               i * p.dout.stride_s;
+  const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.out.data) +
+                                                  b * p.out.stride_b + h * p.out.stride_h +
+                                                  i * p.out.stride_s + c);
+  const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout.data) +
+                                                  b * p.dout.stride_b + h * p.dout.stride_h +
+                                                  i * p.dout.stride_s + c);
+  const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
   float sum = 0.f;
-  for (int c = 2 * lane; c < p.head_dim; c += 64) {
-    const float2 x = Elem<T>::unpack(*reinterpret_cast<const uint32_t*>(o + c));
-    const float2 y = Elem<T>::unpack(*reinterpret_cast<const uint32_t*>(d + c));
-    sum += x.x * y.x + x.y * y.y;
-  }
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) p.delta[row] = sum;
+  for (int e = 0; e < 4; ++e) {
+    const float2 a = Elem<T>::unpack(ow[e]), g = Elem<T>::unpack(dw[e]);
+    sum += a.x * g.x + a.y * g.y;
+  }
+  for (int off = lanes / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (c == 0 && x / lanes < rows) p.delta[row] = sum;
 }
 
 // The 8 values at positions 8 j .. of a partial row (one or two 16-byte loads).
@@ -161,8 +166,9 @@ __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStorePar
 
 template <class T>
 void launch_delta(const DeltaParams& params, cudaStream_t stream) {
-  delta_kernel<T><<<blocks_for(int64_t(params.batch) * params.heads * params.seqlen * 32), kThreads,
-                    0, stream>>>(params);
+  delta_kernel<T><<<blocks_for(int64_t(params.batch) * params.heads * params.seqlen *
+                               (params.head_dim / 8)),
+                    kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 

@@ -47,11 +47,6 @@ struct SharedMemory {
   static constexpr int kBytes = 2 * kKvBytes + kQBuffers * kWarpgroups * kQBytes + 1024;
 };
 
-// Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads).
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
-}
-
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::SparseForwardParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
