@@ -24,13 +24,25 @@ def step_of(peer):
     return (peer or {}).get("step", {}).get("ms")
 
 
-def kernel_name(key):
+def kernel_name(key, with_template=False):
     """A profiler kernel name without return type, arguments, template arguments and the
-    namespaces up to the stage and chip folders, e.g. sm90::sparse_forward::forward_kernel."""
-    name = key.replace("(anonymous namespace)::", "").replace("void ", "", 1)
-    name = name.split("(")[0].split("<")[0]
+    namespaces up to the stage and chip folders, e.g. sm90::sparse_forward::forward_kernel.
+    with_template keeps the template arguments as far as the profiler key holds them (for two
+    instantiations of one kernel in a list)."""
+    name = key.replace("(anonymous namespace)::", "").replace("void ", "", 1).split("(")[0]
+    name, _, template = name.partition("<")
     parts = [p for p in name.split("::") if p not in ("flash_msa", "cuda", "detail")]
-    return "::".join(parts[-3:])
+    short = "::".join(parts[-3:])
+    if with_template and template:
+        short += "<" + template.rstrip(", ") + ("" if template.endswith(">") else "...>")
+    return short
+
+
+def kernel_list(kernels):
+    """`name` ms; ... for a {profiler key: ms} dict, template arguments where names repeat."""
+    names = [kernel_name(k) for k in kernels]
+    return "; ".join(f"`{kernel_name(k, names.count(kernel_name(k)) > 1)}` {t:.2f}"
+                     for k, t in kernels.items())
 
 
 def page(res, json_name, plots, note):
@@ -115,8 +127,7 @@ def page(res, json_name, plots, note):
             continue
         out += [f"## Where the time goes at {c['name']} (ms per call, top kernels)", ""]
         for part in ("forward", "backward"):
-            ks = list(c["kernels"][part].items())[:8]
-            out.append(f"- {part}: " + "; ".join(f"`{kernel_name(n)}` {t:.2f}" for n, t in ks))
+            out.append(f"- {part}: " + kernel_list(dict(list(c["kernels"][part].items())[:8])))
         out.append("")
     for title, name in plots:
         out += [f"![{title}](../bench/results/{name})", ""]
