@@ -73,18 +73,18 @@ struct ItemRows {
 };
 
 // Fills `rows` for `item` with threads [0, kThreads); the caller synchronises before reading.
-// doc_start: the item's batch row of Index::doc_start.
-template <int kThreads>
-__device__ __forceinline__ void load_item_rows(ItemRows& rows, const Item& item,
-                                               const uint64_t* entries, const int32_t* doc_start,
-                                               int chunk_tokens, int chunk_begin, int top_k,
+// Params: a sparse kernel's parameters (index, seqlen, proxy_heads, chunk_tokens, chunk_begin,
+// top_k).
+template <int kThreads, class Params>
+__device__ __forceinline__ void load_item_rows(ItemRows& rows, const Item& item, const Params& p,
                                                int thread) {
+  const int32_t* doc_start = p.index.doc_start + int64_t(item.bp / p.proxy_heads) * p.seqlen;
   for (int t = thread; t < item.end - item.begin; t += kThreads) {
-    const uint64_t entry = entries[item.begin + t];
+    const uint64_t entry = p.index.entries[item.begin + t];
     const int token = entry_token(entry);
     rows.token[t] = token;
     rows.first[t] = __ldg(doc_start + token);
-    rows.edge[t] = chunk_edge(item.bp, chunk_tokens, chunk_begin, top_k, entry);
+    rows.edge[t] = chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
   }
 }
 

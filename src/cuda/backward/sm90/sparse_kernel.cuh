@@ -90,9 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v,
       threadIdx.x);
   cp_async_commit();
-  schedule::load_item_rows<kThreads>(rows, item, p.index.entries,
-                                     p.index.doc_start + int64_t(b) * p.seqlen, p.chunk_tokens,
-                                     p.chunk_begin, p.top_k, threadIdx.x);
+  schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
   __syncthreads();  // the item's rows are in place
 
   const int item_rows = item.end - item.begin;

@@ -80,9 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
       s_kp, [&](int r) { return key0 + r < p.seqlen ? kp + (key0 + r) * p.kp.stride_s : nullptr; },
       kp);
   cp_async_commit();
-  schedule::load_item_rows<kThreads>(rows, item, p.index.entries,
-                                     p.index.doc_start + int64_t(b) * p.seqlen, p.chunk_tokens,
-                                     p.chunk_begin, p.top_k, threadIdx.x);
+  schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
   __syncthreads();  // the item's rows are in place
   const int item_rows = item.end - item.begin;
   // Qp of the tile at item row t0 into buffer buf, with its rows' lse_proxy and teacher rows
