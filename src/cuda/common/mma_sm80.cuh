@@ -67,6 +67,15 @@ __device__ __forceinline__ void mma_16x8x16<__half>(float (&d)[4], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// 2^x by the special-function unit alone (ex2.approx.ftz: relative error about 2^-22, results
+// below 2^-126 flushed to zero), without exp2f's rescaling around subnormal results; x = -inf
+// gives 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
@@ -96,10 +105,14 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* 
                : "r"(smem_addr(row_ptr)));
 }
 
-// 16-byte global->shared copy; `valid == false` zero-fills the destination (no global read).
+// 16-byte global->shared copy to the shared-window address `smem_dst`; `valid == false`
+// zero-fills the destination (no global read).
+__device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src),
+               "r"(valid ? 16 : 0));
+}
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)),
-               "l"(gmem_src), "r"(valid ? 16 : 0));
+  cp_async_16(smem_addr(smem_dst), gmem_src, valid);
 }
 
 // 4-byte global->shared copy (through L1); `valid == false` zero-fills the destination.

@@ -27,20 +27,30 @@ __device__ __forceinline__ int sw128_offset(int row, int chunk) {
   return (chunk / 8) * kRows * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
 }
 
-// Rows [0, kRows) of an SW128-panel tile of kC columns from global memory, row r from
-// row_ptr(r) or zeros where that is null (nothing is read; `any_global` only stands in as the
-// source address); `thread` is this thread's rank among the kThreads copying threads.
-// Asynchronous: the caller commits and waits.
-template <int kRows, int kC, int kThreads, class T, class RowPtr>
-__device__ __forceinline__ void copy_rows_sw128(unsigned char* tile, const RowPtr& row_ptr,
-                                                const T* any_global, int thread) {
-  constexpr int kChunks = kC / 8;
-#pragma unroll 4
-  for (int x = thread; x < kRows * kChunks; x += kThreads) {
-    const int row = x / kChunks, chunk = x % kChunks;
-    const T* src = row_ptr(row);
-    cp_async_16(tile + sw128_offset<kRows>(row, chunk), src ? src + chunk * 8 : any_global,
-                src != nullptr);
+// The first 1024-byte aligned address at or after `raw` (dynamic shared memory), computed so
+// that the compiler still knows the result is a shared-memory pointer.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* raw) {
+  return raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u);
+}
+
+// Rows [0, kRows) of an SW128-panel tile of kC columns from global memory: row_src(r, valid)
+// returns the address of row r and sets `valid`; rows not valid are zero-filled (nothing is
+// read, but the address must still be a global one). `thread` is this thread's rank among the
+// kThreads copying threads, which copies 16-byte chunk thread % (kC / 8) of rows
+// thread / (kC / 8) + j kThreads / (kC / 8). Asynchronous: the caller commits and waits.
+template <int kRows, int kC, int kThreads, class RowSrc>
+__device__ __forceinline__ void copy_rows_sw128(unsigned char* tile, const RowSrc& row_src,
+                                                int thread) {
+  constexpr int kChunks = kC / 8, kStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kStep % 8 == 0 && kRows % kStep == 0);
+  const int chunk = thread % kChunks, row0 = thread / kChunks;
+  // row0 + j kStep has the swizzle of row0: one address, stepped by kStep rows.
+  const uint32_t dst = smem_addr(tile) + sw128_offset<kRows>(row0, chunk);
+#pragma unroll
+  for (int j = 0; j < kRows / kStep; ++j) {
+    bool valid;
+    const auto* src = row_src(row0 + j * kStep, valid);
+    cp_async_16(dst + j * kStep * 128, src + chunk * 8, valid);
   }
 }
 
@@ -50,6 +60,12 @@ __device__ __forceinline__ void copy_rows_sw128(unsigned char* tile, const RowPt
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
          (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+
+// The descriptor `desc` moved `bytes` (a multiple of 16) further into shared memory: the start
+// address is the low field, and no shared address carries out of it.
+__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t bytes) {
+  return (desc & ~uint64_t(0xFFFFFFFF)) | (uint32_t(desc) + (bytes >> 4));
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -66,6 +82,11 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// This thread's warpgroup, broadcast from lane 0 so that the compiler knows it is the same in
+// the whole warp and keeps what derives from it (shared addresses, descriptors) in uniform
+// registers.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(~0u, threadIdx.x / 128, 0); }
+
 // Barrier of the 128 threads of warpgroup wg (named barrier wg + 1; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");

@@ -88,4 +88,24 @@ __device__ __forceinline__ void load_item_rows(ItemRows& rows, const Item& item,
   }
 }
 
+// A query tile of kRows rows holds floor(kRows / G) tokens of G heads (G query heads per proxy
+// head): row r is head r % G of the tile's token r / G. Built once per CTA, so that the
+// per-tile gathers and row lookups divide nothing; the tile at item row t0 reads item row
+// t0 + row[r].token, none where that reaches the item's end.
+template <int kRows>
+struct TileRows {
+  struct Row {
+    int token;      // r / G; kItemTokens (past every item) for rows past floor(kRows / G) G
+    uint32_t head;  // r % G
+  };
+  Row row[kRows];
+};
+
+// Fills `tile` with threads [0, kThreads); the caller synchronises before reading.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void fill_tile_rows(TileRows<kRows>& tile, int group, int thread) {
+  for (int r = thread; r < kRows; r += kThreads)
+    tile.row[r] = {r / group < kRows / group ? r / group : kItemTokens, uint32_t(r % group)};
+}
+
 }  // namespace flash_msa::cuda::schedule

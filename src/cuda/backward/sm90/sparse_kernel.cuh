@@ -62,15 +62,15 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
   using Smem = SharedMemory;
   extern __shared__ unsigned char smem_raw[];
   __shared__ schedule::ItemRows rows;
+  __shared__ schedule::TileRows<kRows> tile_rows;
   __shared__ float row_stats[2][2][kRows];  // [tile buffer][lse, Delta][tile row]
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem = align_1024(smem_raw);
   unsigned char* s_p = smem + Smem::kP;
   unsigned char* s_ds = smem + Smem::kDs;
 
   schedule::Item item;
   if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int wg = warpgroup_index(), warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
   const int key0 = item.block * kKeys;
   const int kv = head0 / p.kv_group;
@@ -81,46 +81,52 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
   const int64_t stats = (int64_t(b) * p.heads + head0) * p.seqlen;  // lse / delta of head0
 
+  // Keys past the sequence: zeros (their address clamped to the last key).
+  auto key_row = [&](int r, bool& valid) {
+    valid = key0 + r < p.seqlen;
+    return min(key0 + r, p.seqlen - 1);
+  };
   copy_rows_sw128<kKeys, kD, kThreads>(
-      smem + Smem::kK,
-      [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k,
+      smem + Smem::kK, [&](int r, bool& valid) { return k + key_row(r, valid) * p.k.stride_s; },
       threadIdx.x);
   copy_rows_sw128<kKeys, kD, kThreads>(
-      smem + Smem::kV,
-      [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v,
+      smem + Smem::kV, [&](int r, bool& valid) { return v + key_row(r, valid) * p.v.stride_s; },
       threadIdx.x);
   cp_async_commit();
   schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
-  __syncthreads();  // the item's rows are in place
+  schedule::fill_tile_rows<kRows, kThreads>(tile_rows, p.group, threadIdx.x);
+  __syncthreads();  // the item's and the tile's rows are in place
 
   const int item_rows = item.end - item.begin;
   const int tile_tokens = kRows / p.group;
-  // Tile row r holds item row t0 + r / G, head head0 + r % G; -1: past the item.
-  auto item_row = [&](int t0, int r) {
-    const int t = r / p.group;
-    return t < tile_tokens && t0 + t < item_rows ? t0 + t : -1;
+  // Tile row r of the tile at item row t0: item row t0 + tile_rows.row[r].token (valid below
+  // item_rows), head head0 + tile_rows.row[r].head; its token, clamped into the item.
+  auto row_token = [&](int t0, int r, bool& valid) {
+    const int t = t0 + tile_rows.row[r].token;
+    valid = t < item_rows;
+    return uint32_t(rows.token[min(t, item_rows - 1)]);
   };
   // Q, dO, lse and Delta of the tile at item row t0, into buffer buf.
   auto load_tile = [&](int t0, int buf) {
     copy_rows_sw128<kRows, kD, kThreads>(
         smem + Smem::kQ + buf * Smem::kTile,
-        [&](int r) -> const T* {
-          const int t = item_row(t0, r);
-          return t < 0 ? nullptr : q + (r % p.group) * p.q.stride_h + rows.token[t] * p.q.stride_s;
+        [&](int r, bool& valid) {
+          return q + tile_rows.row[r].head * p.q.stride_h + row_token(t0, r, valid) * p.q.stride_s;
         },
-        q, threadIdx.x);
+        threadIdx.x);
     copy_rows_sw128<kRows, kD, kThreads>(
         smem + Smem::kDout + buf * Smem::kTile,
-        [&](int r) -> const T* {
-          const int t = item_row(t0, r);
-          return t < 0 ? nullptr
-                       : dout + (r % p.group) * p.dout.stride_h + rows.token[t] * p.dout.stride_s;
+        [&](int r, bool& valid) {
+          return dout + tile_rows.row[r].head * p.dout.stride_h +
+                 row_token(t0, r, valid) * p.dout.stride_s;
         },
-        dout, threadIdx.x);
+        threadIdx.x);
     if (threadIdx.x < 2 * kRows) {
-      const int r = threadIdx.x % kRows, which = threadIdx.x / kRows, t = item_row(t0, r);
-      const int64_t at = stats + int64_t(r % p.group) * p.seqlen + (t < 0 ? 0 : rows.token[t]);
-      cp_async_4(&row_stats[buf][which][r], (which == 0 ? p.lse : p.delta) + at, t >= 0);
+      const int r = threadIdx.x % kRows, which = threadIdx.x / kRows;
+      bool valid;
+      const uint32_t token = row_token(t0, r, valid);
+      const int64_t at = stats + int64_t(tile_rows.row[r].head) * p.seqlen + token;
+      cp_async_4(&row_stats[buf][which][r], (which == 0 ? p.lse : p.delta) + at, valid);
     }
     cp_async_commit();
   };
@@ -131,8 +137,17 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
   float dk[64], dv[64];
 #pragma unroll
   for (int j = 0; j < 64; ++j) dk[j] = dv[j] = 0.f;
-  const uint32_t k_addr = smem_addr(smem + Smem::kK), v_addr = smem_addr(smem + Smem::kV);
-  const uint32_t p_addr = smem_addr(s_p), ds_addr = smem_addr(s_ds);
+  // Descriptors: K-major operands (Q, dO, K, V in S and dP; dS in dQ) and K read MN-major in
+  // dQ (one 64-column panel) step through 16-byte chunks; P, dS read MN-major step through rows;
+  // Q, dO read MN-major in dV, dK span both 64-column panels, kRows rows apart.
+  const uint64_t q_desc = sw128_desc(smem_addr(smem + Smem::kQ), 16, 1024);
+  const uint64_t do_desc = sw128_desc(smem_addr(smem + Smem::kDout), 16, 1024);
+  const uint64_t q_mn_desc = sw128_desc(smem_addr(smem + Smem::kQ), kRows * 128, 1024);
+  const uint64_t do_mn_desc = sw128_desc(smem_addr(smem + Smem::kDout), kRows * 128, 1024);
+  const uint64_t k_desc = sw128_desc(smem_addr(smem + Smem::kK), 16, 1024);
+  const uint64_t v_desc = sw128_desc(smem_addr(smem + Smem::kV), 16, 1024);
+  const uint64_t p_desc = sw128_desc(smem_addr(s_p), 16, 1024);
+  const uint64_t ds_desc = sw128_desc(smem_addr(s_ds), 16, 1024);
 
   int buf = 0;
   for (int t0 = 0; t0 < item_rows; t0 += tile_tokens, buf ^= 1) {
@@ -140,8 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
     fence_async_shared();
     __syncthreads();  // this tile landed; the last tile's products are done with every buffer
     if (t0 + tile_tokens < item_rows) load_tile(t0 + tile_tokens, buf ^ 1);
-    const uint32_t q_addr = smem_addr(smem + Smem::kQ + buf * Smem::kTile);
-    const uint32_t do_addr = smem_addr(smem + Smem::kDout + buf * Smem::kTile);
+    const uint32_t tile_offset = buf * Smem::kTile;
     const int live_tokens = min(tile_tokens, item_rows - t0);
 
     // S = Q K_w^T and dP = dO V_w^T: K-steps of 16 columns, 4 per 64-column panel; this
@@ -150,24 +164,29 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t panel = (kk / 4) * kRows * 128 + (kk % 4) * 32;
+      const uint32_t panel = tile_offset + (kk / 4) * kRows * 128 + (kk % 4) * 32;
       const uint32_t kv_panel = (kk / 4) * kKeys * 128 + 64 * wg * 128 + (kk % 4) * 32;
-      wgmma_m64n64k16_ss<T, 0, 0>(s, sw128_desc(q_addr + panel, 16, 1024),
-                                  sw128_desc(k_addr + kv_panel, 16, 1024), kk > 0);
-      wgmma_m64n64k16_ss<T, 0, 0>(dp, sw128_desc(do_addr + panel, 16, 1024),
-                                  sw128_desc(v_addr + kv_panel, 16, 1024), kk > 0);
+      wgmma_m64n64k16_ss<T, 0, 0>(s, desc_add(q_desc, panel), desc_add(k_desc, kv_panel), kk > 0);
+      wgmma_m64n64k16_ss<T, 0, 0>(dp, desc_add(do_desc, panel), desc_add(v_desc, kv_panel),
+                                  kk > 0);
     }
     wgmma_commit();
 
-    // Rows 16 warp + 8 h + lane / 4, while the products run; past the tile: no visible key
-    // (and lse, Delta zero-filled).
-    int query[2], first[2];
+    // Rows 16 warp + 8 h + lane / 4, while the products run: their columns 64 wg + 8 c +
+    // 2 (lane % 4) + e are visible from 8 c + e = lo[h] to hi[h] (none past the item; lse and
+    // Delta are zero-filled there).
+    int lo[2], hi[2];
     float lse2[2], delta[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = 16 * warp + 8 * h + lane / 4, t = item_row(t0, r);
-      query[h] = t < 0 ? -1 : rows.token[t];
-      first[h] = t < 0 ? INT_MAX : rows.first[t];
+      const int r = 16 * warp + 8 * h + lane / 4, t = t0 + tile_rows.row[r].token;
+      const int col0 = key0 + 64 * wg + 2 * (lane % 4);
+      lo[h] = INT_MAX;
+      hi[h] = INT_MIN;
+      if (t < item_rows) {
+        lo[h] = rows.first[t] - col0;
+        hi[h] = rows.token[t] - col0;
+      }
       lse2[h] = row_stats[buf][0][r] * kLog2e;
       delta[h] = row_stats[buf][1][r];
     }
@@ -175,20 +194,26 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
     fence_operands(s);
     fence_operands(dp);
 
+    // P = exp2(S scale log2e - lse log2e), masked to 0 where not visible (most tiles see all
+    // 64 keys: no masking then).
+    if (!__all_sync(~0u, lo[0] <= 0 && lo[1] <= 0 && hi[0] >= 57 && hi[1] >= 57)) {
 #pragma unroll
-    for (int t = 0; t < 8; ++t)
+      for (int j = 0; j < 32; ++j) {
+        const int h = (j % 4) / 2, c = 8 * (j / 4) + (j % 2);
+        if (c < lo[h] || c > hi[h]) s[j] = -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int col = 64 * wg + 8 * t + 2 * (lane % 4);
         float pr[2], ds[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int key = key0 + col + e;
-          const bool visible = key <= query[h] && key >= first[h];
-          pr[e] = visible ? exp2f(s[4 * t + 2 * h + e] * p.scale_log2 - lse2[h]) : 0.f;
-          ds[e] = pr[e] * (dp[4 * t + 2 * h + e] - delta[h]);
+          pr[e] = fast_exp2(fmaf(s[4 * c + 2 * h + e], p.scale_log2, -lse2[h]));
+          ds[e] = pr[e] * (dp[4 * c + 2 * h + e] - delta[h]);
         }
-        const int r = 16 * warp + 8 * h + lane / 4;
+        const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * c + 2 * (lane % 4);
         store_pair<T>(s_p, r, col, pr[0], pr[1]);
         store_pair<T>(s_ds, r, col, ds[0], ds[1]);
       }
@@ -203,27 +228,32 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk) {
       const uint32_t rows16 = kk * 16 * 128;
-      wgmma_m64n128k16_ss<T, 1, 1>(dv, sw128_desc(p_addr + wg * kRows * 128 + rows16, 16, 1024),
-                                   sw128_desc(do_addr + rows16, kRows * 128, 1024), true);
-      wgmma_m64n128k16_ss<T, 1, 1>(dk, sw128_desc(ds_addr + wg * kRows * 128 + rows16, 16, 1024),
-                                   sw128_desc(q_addr + rows16, kRows * 128, 1024), true);
+      wgmma_m64n128k16_ss<T, 1, 1>(dv, desc_add(p_desc, wg * kRows * 128 + rows16),
+                                   desc_add(do_mn_desc, tile_offset + rows16), true);
+      wgmma_m64n128k16_ss<T, 1, 1>(dk, desc_add(ds_desc, wg * kRows * 128 + rows16),
+                                   desc_add(q_mn_desc, tile_offset + rows16), true);
     }
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_m64n64k16_ss<T, 0, 1>(
-          dq, sw128_desc(ds_addr + (kk / 4) * kRows * 128 + (kk % 4) * 32, 16, 1024),
-          sw128_desc(k_addr + wg * kKeys * 128 + kk * 16 * 128, 16, 1024), kk > 0);
+      wgmma_m64n64k16_ss<T, 0, 1>(dq, desc_add(ds_desc, (kk / 4) * kRows * 128 + (kk % 4) * 32),
+                                  desc_add(k_desc, wg * kKeys * 128 + kk * 16 * 128), kk > 0);
     wgmma_commit();
 
-    if (p.teacher) {  // t = mean over the G heads of P, per token and key, from shared memory
+    // The teacher: the mean over the G heads of P, per token and key, from shared memory; a
+    // thread sums keys col, col + 1 of a token.
+    if (p.teacher) {
       const float inv_group = 1.f / p.group;
-      for (int x = threadIdx.x; x < live_tokens * kKeys; x += kThreads) {
-        const int t = x / kKeys, col = x % kKeys;
-        float sum = 0.f;
-        for (int g = 0; g < p.group; ++g)
-          sum += Elem<T>::to_float(*reinterpret_cast<const T*>(
+      for (int x = threadIdx.x; x < live_tokens * kKeys / 2; x += kThreads) {
+        const int t = x / (kKeys / 2), col = 2 * (x % (kKeys / 2));
+        float2 sum = {0.f, 0.f};
+        for (int g = 0; g < p.group; ++g) {
+          const float2 pair = Elem<T>::unpack(*reinterpret_cast<const uint32_t*>(
               s_p + sw128_offset<kRows>(t * p.group + g, col / 8) + (col % 8) * 2));
-        p.teacher[rows.edge[t0 + t] * kKeys + col] = sum * inv_group;
+          sum.x += pair.x;
+          sum.y += pair.y;
+        }
+        *reinterpret_cast<float2*>(p.teacher + rows.edge[t0 + t] * kKeys + col) =
+            make_float2(sum.x * inv_group, sum.y * inv_group);
       }
     }
 
@@ -233,12 +263,12 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
     // a row are positions (lane % 4) * 32 + 16 wg ...
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = 16 * warp + 8 * h + lane / 4, t = item_row(t0, r);
-      if (t < 0) continue;
+      const auto [token, head] = tile_rows.row[16 * warp + 8 * h + lane / 4];
+      if (t0 + token >= item_rows) continue;
       uint32_t words[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) words[j] = Elem<T>::pack(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-      store_words(static_cast<T*>(p.dq_part) + (rows.edge[t] * p.group + r % p.group) * kD +
+      store_words(static_cast<T*>(p.dq_part) + (rows.edge[t0 + token] * p.group + head) * kD +
                       (lane % 4) * (kD / 4) + 16 * wg,
                   words);
     }

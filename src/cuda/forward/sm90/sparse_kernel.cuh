@@ -52,15 +52,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   __shared__ schedule::ItemRows rows;
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  __shared__ schedule::TileRows<kRows> tile_rows;
+  unsigned char* smem = align_1024(smem_raw);
   unsigned char* s_k = smem;
   unsigned char* s_v = s_k + SharedMemory::kKvBytes;
   unsigned char* s_q = s_v + SharedMemory::kKvBytes;
 
   schedule::Item item;
   if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
-  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  const int wg = warpgroup_index(), wt = threadIdx.x % 128;
   const int warp = wt / 32, lane = threadIdx.x % 32;
   const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
   const int key0 = item.block * kKeys;
@@ -70,15 +70,19 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.kv_group) * p.v.stride_h;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
 
+  // Keys past the sequence: zeros (their address clamped to the last key).
+  auto key_row = [&](int r, bool& valid) {
+    valid = key0 + r < p.seqlen;
+    return min(key0 + r, p.seqlen - 1);
+  };
   copy_rows_sw128<kKeys, kD, kThreads>(
-      s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k,
-      threadIdx.x);
+      s_k, [&](int r, bool& valid) { return k + key_row(r, valid) * p.k.stride_s; }, threadIdx.x);
   copy_rows_sw128<kKeys, kD, kThreads>(
-      s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v,
-      threadIdx.x);
+      s_v, [&](int r, bool& valid) { return v + key_row(r, valid) * p.v.stride_s; }, threadIdx.x);
   cp_async_commit();
   schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
-  __syncthreads();  // the item's rows are in place
+  schedule::fill_tile_rows<kRows, kThreads>(tile_rows, p.group, threadIdx.x);
+  __syncthreads();  // the item's and the tile's rows are in place
 
   const int item_rows = item.end - item.begin;
   const int tile_tokens = kRows / p.group;
@@ -95,26 +99,27 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       const int t0 = (wg + kWarpgroups * i) * tile_tokens;
       copy_rows_sw128<kRows, kD, 128>(
           q_buffer(i),
-          [&](int r) -> const T* {
-            const int t = r / p.group;
-            if (t >= tile_tokens || t0 + t >= item_rows) return nullptr;
-            return q + (r % p.group) * p.q.stride_h + rows.token[t0 + t] * p.q.stride_s;
+          [&](int r, bool& valid) {
+            const auto [token, head] = tile_rows.row[r];
+            valid = t0 + token < item_rows;
+            return q + head * p.q.stride_h +
+                   uint32_t(rows.token[min(t0 + token, item_rows - 1)]) * p.q.stride_s;
           },
-          q, wt);
+          wt);
     }
     cp_async_commit();
   };
-  const uint32_t k_addr = smem_addr(s_k), v_addr = smem_addr(s_v);
+  const uint64_t k_desc = sw128_desc(smem_addr(s_k), 16, 1024);
+  const uint64_t v_desc = sw128_desc(smem_addr(s_v), kKeys * 128, 1024);
   // S = Q K^T of tile i over the block's 128 keys; K-steps of 16 columns, 4 per 64-column panel.
   auto issue_scores = [&](float(&acc)[64], int i) {
-    const uint32_t q_addr = smem_addr(q_buffer(i));
+    const uint64_t q_desc = sw128_desc(smem_addr(q_buffer(i)), 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t offset = (kk % 4) * 32;  // bytes into the panel's 128-byte rows
-      wgmma_m64n128k16_ss<T, 0, 0>(acc, sw128_desc(q_addr + (kk / 4) * kRows * 128 + offset, 16, 1024),
-                             sw128_desc(k_addr + (kk / 4) * kKeys * 128 + offset, 16, 1024),
-                             kk > 0);
+      wgmma_m64n128k16_ss<T, 0, 0>(acc, desc_add(q_desc, (kk / 4) * kRows * 128 + offset),
+                                   desc_add(k_desc, (kk / 4) * kKeys * 128 + offset), kk > 0);
     }
     wgmma_commit();
   };
@@ -138,18 +143,18 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     fence_async_shared();
     warpgroup_sync(wg);  // tile i + 1 landed; every warp is past the S of tile i
     const int t0 = (wg + kWarpgroups * i) * tile_tokens;  // item row of the tile's first token
-    const int live_rows = min(tile_tokens, item_rows - t0) * p.group;
-    // This lane's rows: 16 warp + 8 h + lane / 4 (h = 0, 1), token query[h], document first[h]
-    // (no masking on rows past the tile's end).
-    int query[2], first[2];
+    // This lane's rows: 16 warp + 8 h + lane / 4 (h = 0, 1), item row t[h] (past the item:
+    // nothing stored). Its columns 8 c + 2 (lane % 4) + e are visible from column lo[h] to
+    // hi[h] of 8 c + e, which the causal and document bounds give.
+    int t[2], lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = 16 * warp + 8 * h + lane / 4;
-      query[h] = INT_MAX;
-      first[h] = INT_MIN;
-      if (r < live_rows) {
-        query[h] = rows.token[t0 + r / p.group];
-        first[h] = rows.first[t0 + r / p.group];
+      t[h] = t0 + tile_rows.row[16 * warp + 8 * h + lane / 4].token;
+      lo[h] = INT_MIN;
+      hi[h] = INT_MAX;
+      if (t[h] < item_rows) {
+        lo[h] = rows.first[t[h]] - key0 - 2 * (lane % 4);
+        hi[h] = rows.token[t[h]] - key0 - 2 * (lane % 4);
       }
     }
 
@@ -159,25 +164,28 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     // keeps the branch out.
     issue_scores(s_next, min(i + 1, my_tiles - 1));
 
+    // Softmax over the unscaled scores (scale > 0 keeps the maximum): m in log2 units.
+    // Most tiles see every key of the block (columns 0 .. 121 of 8 c + e): no masking then.
+    if (!__all_sync(~0u, lo[0] <= 0 && lo[1] <= 0 && hi[0] >= 121 && hi[1] >= 121)) {
+#pragma unroll
+      for (int j = 0; j < 64; ++j) {
+        const int h = (j % 4) / 2, c = 8 * (j / 4) + (j % 2);
+        if (c < lo[h] || c > hi[h]) s[j] = -INFINITY;
+      }
+    }
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
-    for (int j = 0; j < 64; ++j) {
-      const int key = key0 + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);
-      const int h = (j % 4) / 2;
-      const float x = key > query[h] || key < first[h] ? -INFINITY : s[j] * p.scale_log2;
-      s[j] = x;
-      m[h] = fmaxf(m[h], x);
-    }
+    for (int j = 0; j < 64; ++j) m[(j % 4) / 2] = fmaxf(m[(j % 4) / 2], s[j]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       m[h] = quad_max(m[h]);
       // A row with no visible key keeps m = -inf: subtract 0 then, not -inf.
-      const float m_use = m[h] == -INFINITY ? 0.f : m[h];
+      m[h] = m[h] == -INFINITY ? 0.f : m[h] * p.scale_log2;
 #pragma unroll
-      for (int t = 0; t < 16; ++t) {
-        s[4 * t + 2 * h] = exp2f(s[4 * t + 2 * h] - m_use);
-        s[4 * t + 2 * h + 1] = exp2f(s[4 * t + 2 * h + 1] - m_use);
-        l[h] += s[4 * t + 2 * h] + s[4 * t + 2 * h + 1];
+      for (int c = 0; c < 16; ++c) {
+        s[4 * c + 2 * h] = fast_exp2(fmaf(s[4 * c + 2 * h], p.scale_log2, -m[h]));
+        s[4 * c + 2 * h + 1] = fast_exp2(fmaf(s[4 * c + 2 * h + 1], p.scale_log2, -m[h]));
+        l[h] += s[4 * c + 2 * h] + s[4 * c + 2 * h + 1];
       }
       l[h] = quad_sum(l[h]);
     }
@@ -197,9 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     for (int kk = 0; kk < kKeys / 16; ++kk)
 #pragma unroll
       for (int panel = 0; panel < 2; ++panel)
-        wgmma_m64n64k16_rs_mn<T>(
-            o[panel], a[kk],
-            sw128_desc(v_addr + panel * kKeys * 128 + kk * 16 * 128, kKeys * 128, 1024), kk > 0);
+        wgmma_m64n64k16_rs_mn<T>(o[panel], a[kk],
+                                 desc_add(v_desc, panel * kKeys * 128 + kk * 16 * 128), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();  // P V of this tile and S of the next
     fence_operands(o[0]);
@@ -208,10 +215,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = 16 * warp + 8 * h + lane / 4;
-      if (r >= live_rows) continue;
-      const int64_t row = rows.edge[t0 + r / p.group] * p.group + r % p.group;
-      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      if (t[h] >= item_rows) continue;
+      const int64_t row =
+          rows.edge[t[h]] * p.group + tile_rows.row[16 * warp + 8 * h + lane / 4].head;
+      const float inv = l[h] > 0.f ? __fdividef(1.f, l[h]) : 0.f;
       uint32_t packed[kD / 8];
 #pragma unroll
       for (int t = 0; t < kD / 8; ++t)
