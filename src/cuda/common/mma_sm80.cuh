@@ -76,6 +76,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 1 / x and log2(x) likewise (rcp.approx.ftz, lg2.approx.ftz), for normal x such as a
+// softmax row sum, which is at least 1.
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
@@ -130,29 +143,41 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ---- partial rows in fragment order ----
 // The per-edge partial rows (forward out, dQ, dQp) are stored as the accumulator fragments hold
-// them: lane quad c (lane % 4) of the row's thread writes its columns 8 t + 2 c + e (t < width
-// / 8, e < 2) contiguously, so position c * width / 4 + 2 t + e holds column 8 t + 2 c + e.
-// The passes that sum the partials read 8 positions at a time, which hold four column pairs.
+// them: the thread of lane quad c (lane % 4) holds columns 8 t + 2 c + e (column tile t, e < 2),
+// stored at position 8 (4 (t / 4) + c) + 2 (t % 4) + e. Each thread writes four column tiles
+// (8 elements) contiguously, and the four lanes of a quad fill 32 contiguous elements, so a
+// warp's store covers whole 32-byte sectors. The passes that sum the partials read octets.
 
-// kWords consecutive 32-bit words (16-byte stores, or 8-byte ones for kWords = 2).
-template <int kWords>
-__device__ __forceinline__ void store_words(void* dst, const uint32_t (&words)[kWords]) {
-  static_assert(kWords % 4 == 0 || kWords == 2, "16- or 8-byte stores");
-  if constexpr (kWords == 2) {
-    *static_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+// Stores this thread's column tiles t0 .. t0 + kTiles - 1 of a fragment-order row starting at
+// `row`, kWordsPerTile 32-bit words per tile (1: a pair of 16-bit elements, 2: of floats),
+// `quad` = lane % 4; t0 a multiple of 4 (of 2 where kTiles = 2).
+template <int kTiles, int kWordsPerTile>
+__device__ __forceinline__ void store_fragment_row(void* row, int quad, int t0,
+                                                   const uint32_t (&words)[kTiles * kWordsPerTile]) {
+  static_assert(kTiles % 4 == 0 || kTiles == 2, "whole quads of tiles, or one pair");
+  constexpr int kElemBytes = 2 * kWordsPerTile;
+  unsigned char* const base = static_cast<unsigned char*>(row);
+  if constexpr (kTiles == 2) {
+    unsigned char* dst = base + (8 * (4 * (t0 / 4) + quad) + 2 * (t0 % 4)) * kElemBytes;
+    if constexpr (kWordsPerTile == 1)
+      *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+    else
+      *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
   } else {
 #pragma unroll
-    for (int x = 0; x < kWords / 4; ++x)
-      static_cast<uint4*>(dst)[x] =
-          make_uint4(words[4 * x], words[4 * x + 1], words[4 * x + 2], words[4 * x + 3]);
+    for (int g = 0; g < kTiles / 4; ++g) {
+      uint4* dst = reinterpret_cast<uint4*>(base + 8 * (t0 + 4 * g + quad) * kElemBytes);
+#pragma unroll
+      for (int x = 0; x < kWordsPerTile; ++x) {
+        const int w = 4 * kWordsPerTile * g + 4 * x;
+        dst[x] = make_uint4(words[w], words[w + 1], words[w + 2], words[w + 3]);
+      }
+    }
   }
 }
 
-// Positions 8 j .. 8 j + 7 of a fragment-order row of `width` columns (>= 32) hold columns
-// col + 8 u, col + 8 u + 1 (u < 4) for col = fragment_column(j, width).
-__device__ __forceinline__ int fragment_column(int j, int width) {
-  const int quarter = width / 4;
-  return 2 * (8 * j / quarter) + 8 * ((8 * j % quarter) / 2);
-}
+// Positions 8 j .. 8 j + 7 of a fragment-order row hold columns col + 8 u, col + 8 u + 1
+// (u < 4) for col = fragment_column(j).
+__device__ __forceinline__ int fragment_column(int j) { return 32 * (j / 4) + 2 * (j % 4); }
 
 }  // namespace flash_msa::cuda

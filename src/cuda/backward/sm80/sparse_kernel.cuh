@@ -202,13 +202,13 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       const uint64_t entry = entries[e0 + r / p.group];
       const int64_t ce =
           schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
-      uint32_t words[kHalfD / 8];  // positions (lane % 4) * D / 4 + D / 4 wn .. (fragment order)
+      uint32_t words[kHalfD / 8];  // column tiles kHalfD / 8 wn .. (fragment order)
 #pragma unroll
       for (int nt = 0; nt < kHalfD / 8; ++nt)
         words[nt] = Elem<T>::pack(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
-      store_words(static_cast<T*>(p.dq_part) + (ce * p.group + r % p.group) * kD +
-                      (lane % 4) * (kD / 4) + (kHalfD / 4) * wn,
-                  words);
+      store_fragment_row<kHalfD / 8, 1>(
+          static_cast<T*>(p.dq_part) + (ce * p.group + r % p.group) * kD, lane % 4,
+          (kHalfD / 8) * wn, words);
     }
   }
 

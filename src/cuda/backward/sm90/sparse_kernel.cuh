@@ -259,8 +259,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
 
     wgmma_wait<0>();
     fence_operands(dq);
-    // dQ partial rows in the dtype, fragment order (mma_sm80.cuh): this thread's 16 columns of
-    // a row are positions (lane % 4) * 32 + 16 wg ...
+    // dQ partial rows in the dtype, fragment order (mma_sm80.cuh): this warpgroup's column
+    // tiles are 8 wg ...
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const auto [token, head] = tile_rows.row[16 * warp + 8 * h + lane / 4];
@@ -268,9 +268,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       uint32_t words[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) words[j] = Elem<T>::pack(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-      store_words(static_cast<T*>(p.dq_part) + (rows.edge[t0 + token] * p.group + head) * kD +
-                      (lane % 4) * (kD / 4) + 16 * wg,
-                  words);
+      store_fragment_row<8, 1>(
+          static_cast<T*>(p.dq_part) + (rows.edge[t0 + token] * p.group + head) * kD, lane % 4,
+          8 * wg, words);
     }
   }
 

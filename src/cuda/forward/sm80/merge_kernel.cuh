@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
     }
   }
   T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + head * p.out.stride_h +
-           i * p.out.stride_s + fragment_column(chunk, kD);
+           i * p.out.stride_s + fragment_column(chunk);
 #pragma unroll
   for (int e = 0; e < 4; ++e)
     *reinterpret_cast<uint32_t*>(out + 8 * e) = Elem<T>::pack(acc[2 * e], acc[2 * e + 1]);

@@ -20,9 +20,8 @@
 // has finished its last Q K^T of the current tile and overlaps the remaining softmax, P V and
 // stores (two CTAs per SM hide the rest).
 //
-// Partial rows are stored in the mma fragment order (lane quad c holds columns 8 t + 2 c,
-// 8 t + 2 c + 1 for t = 0 .. D/8 - 1, written contiguously), so each lane writes 16-byte
-// vectors; the merge undoes the permutation.
+// Partial rows are stored in the mma fragment order (mma_sm80.cuh), so each lane writes
+// 16-byte vectors; the merge undoes the permutation.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -217,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt)
           packed[dt] = Elem<T>::pack(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-        store_words(static_cast<T*>(p.o_part) + row * kD + (lane % 4) * (kD / 4), packed);
+        store_fragment_row<kDTiles, 1>(static_cast<T*>(p.o_part) + row * kD, lane % 4, 0, packed);
         if (lane % 4 == 0) p.lse_part[row] = l_row > 0.f ? m[mt][h] + __log2f(l_row) : -INFINITY;
       }
   }

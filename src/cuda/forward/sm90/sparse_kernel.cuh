@@ -218,14 +218,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       if (t[h] >= item_rows) continue;
       const int64_t row =
           rows.edge[t[h]] * p.group + tile_rows.row[16 * warp + 8 * h + lane / 4].head;
-      const float inv = l[h] > 0.f ? __fdividef(1.f, l[h]) : 0.f;
+      const float inv = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
       uint32_t packed[kD / 8];
 #pragma unroll
       for (int t = 0; t < kD / 8; ++t)
         packed[t] = Elem<T>::pack(o[t / 8][4 * (t % 8) + 2 * h] * inv,
                                   o[t / 8][4 * (t % 8) + 2 * h + 1] * inv);
-      store_words(static_cast<T*>(p.o_part) + row * kD + (lane % 4) * (kD / 4), packed);
-      if (lane % 4 == 0) p.lse_part[row] = l[h] > 0.f ? m[h] + __log2f(l[h]) : -INFINITY;
+      store_fragment_row<kD / 8, 1>(static_cast<T*>(p.o_part) + row * kD, lane % 4, 0, packed);
+      if (lane % 4 == 0) p.lse_part[row] = l[h] > 0.f ? m[h] + fast_log2(l[h]) : -INFINITY;
     }
 #pragma unroll
     for (int j = 0; j < 64; ++j) s[j] = s_next[j];

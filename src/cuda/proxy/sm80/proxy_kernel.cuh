@@ -243,8 +243,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
             words[2 * nt] = __float_as_uint(dq[0][nt][2 * h]);
             words[2 * nt + 1] = __float_as_uint(dq[0][nt][2 * h + 1]);
           }
-          store_words(p.dqp_part + edge[h] * kDp + (lane % 4) * (kDp / 4) + (kHalfDp / 4) * wn,
-                      words);
+          store_fragment_row<kHalfDp / 8, 2>(p.dqp_part + edge[h] * kDp, lane % 4,
+                                             (kHalfDp / 8) * wn, words);
         }
       }
     }
