@@ -127,7 +127,10 @@ __global__ void edges_kernel(const int32_t* __restrict__ indices,
       const int64_t bucket = bp * num_blocks + __ldg(idx + k);
       key = (static_cast<uint64_t>(bucket) << 32) | (static_cast<uint64_t>(token) << kSlotBits) |
             static_cast<uint64_t>(k);
-      atomicAdd(bucket_count + bucket, 1);
+      // Neighbouring tokens share blocks (all of a block's tokens its own): one atomic per
+      // bucket and warp.
+      const unsigned peers = __match_any_sync(__activemask(), bucket);
+      if (threadIdx.x % 32 == __ffs(peers) - 1) atomicAdd(bucket_count + bucket, __popc(peers));
     }
     keys[row * top_k + k] = key;
   }

@@ -37,41 +37,55 @@ __device__ __forceinline__ float segment_sum(float x) {
   return x;
 }
 
-// schedule::valid_slots of an index row with the entries loaded across the segment.
+// schedule::valid_slots of an index row with the entries loaded across the segment. Slot k is
+// valid when its block is visible and above every visible block of the slots before it (the
+// largest of those is the last valid one): a prefix maximum over the segment per round of
+// kLanes slots.
 template <int kLanes>
 __device__ __forceinline__ uint64_t valid_slots(const int32_t* row, int top_k, int own_block,
                                                 int first_block, int sub) {
+  const int segment = threadIdx.x % 32 - sub;  // the segment's first lane in the warp
   uint64_t mask = 0;
-  int prev = -1;
+  int before = -1;  // largest visible block of the earlier rounds
   for (int k0 = 0; k0 < top_k; k0 += kLanes) {
-    const int mine = k0 + sub < top_k ? __ldg(row + k0 + sub) : -1;
+    const int k = k0 + sub;
+    const int n = k < top_k ? __ldg(row + k) : -1;
+    const bool visible = k < top_k && n >= first_block && n <= own_block;
+    int upto = visible ? n : -1;  // inclusive prefix maximum over the segment
 #pragma unroll
-    for (int j = 0; j < kLanes; ++j) {
-      const int n = __shfl_sync(0xffffffffu, mine, j, kLanes);
-      if (k0 + j < top_k && n >= first_block && n <= own_block && n > prev) {
-        mask |= uint64_t(1) << (k0 + j);
-        prev = n;
-      }
+    for (int o = 1; o < kLanes; o *= 2) {
+      const int y = __shfl_up_sync(0xffffffffu, upto, o, kLanes);
+      if (sub >= o) upto = max(upto, y);
     }
+    const int prior = __shfl_up_sync(0xffffffffu, upto, 1, kLanes);
+    const bool valid = visible && n > max(before, sub > 0 ? prior : -1);
+    const uint32_t bits = __ballot_sync(0xffffffffu, valid) >> segment;
+    mask |= uint64_t(kLanes == 32 ? bits : bits & ((1u << kLanes) - 1)) << k0;
+    before = max(before, __shfl_sync(0xffffffffu, upto, kLanes - 1, kLanes));
   }
   return mask;
 }
 
-// log2 of sum over the set bits k of `slots` of exp2(part[k * stride]); -inf for no slots.
+// The merged lse (log2) of part[k * stride] over the set bits k of `slots`, -inf for none; lane
+// sub's values of slots k = sub + kLanes j stay in v[j] (-inf where not valid).
 template <int kLanes>
 __device__ __forceinline__ float merge_lse2(const float* part, int64_t stride, uint64_t slots,
-                                            int sub) {
+                                            int sub, float (&v)[64 / kLanes]) {
   float mx = -INFINITY;
 #pragma unroll
-  for (int k = sub; k < 64; k += kLanes)
-    if ((slots >> k) & 1) mx = fmaxf(mx, part[k * stride]);
+  for (int j = 0; j < 64 / kLanes; ++j) {
+    const int k = sub + kLanes * j;
+    v[j] = (slots >> k) & 1 ? part[k * stride] : -INFINITY;
+    mx = fmaxf(mx, v[j]);
+  }
   mx = segment_max<kLanes>(mx);
-  if (mx == -INFINITY) return -INFINITY;
+  // No early return for a segment without valid slots: the shuffles span the whole warp.
+  const float base = mx == -INFINITY ? 0.f : mx;
   float sum = 0.f;
 #pragma unroll
-  for (int k = sub; k < 64; k += kLanes)
-    if ((slots >> k) & 1) sum += exp2f(part[k * stride] - mx);
-  return mx + __log2f(segment_sum<kLanes>(sum));
+  for (int j = 0; j < 64 / kLanes; ++j) sum += fast_exp2(v[j] - base);
+  sum = segment_sum<kLanes>(sum);
+  return mx == -INFINITY ? -INFINITY : mx + fast_log2(sum);
 }
 
 template <class T, int kD>
@@ -97,27 +111,36 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
       valid_slots<kChunks>(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
                            __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128, chunk);
   const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;  // chunk-local edge of slot 0
-  const float lse2 = merge_lse2<kChunks>(p.lse_part + ce0 * p.group + g, p.group, slots, chunk);
-  const float lse_p2 = merge_lse2<kChunks>(p.lse_p_part + ce0, 1, slots, chunk);
-  if (!live) return;
-
-  float acc[8] = {};
-  // Independent iterations, unrolled so that several 16-byte loads are in flight.
-#pragma unroll 8
-  for (int k = 0; k < p.top_k; ++k) {
-    if (!((slots >> k) & 1)) continue;
-    const int64_t row = (ce0 + k) * p.group + g;
-    const float w = exp2f(p.lse_part[row] - lse2);
-    const uint4 v =
-        reinterpret_cast<const uint4*>(static_cast<const T*>(p.o_part) + row * kD)[chunk];
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  float w[64 / kChunks], v_proxy[64 / kChunks];
+  const float lse2 =
+      merge_lse2<kChunks>(p.lse_part + ce0 * p.group + g, p.group, slots, chunk, w);
+  const float lse_p2 = merge_lse2<kChunks>(p.lse_p_part + ce0, 1, slots, chunk, v_proxy);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = Elem<T>::unpack(words[e]);
-      acc[2 * e] += w * f.x;
-      acc[2 * e + 1] += w * f.y;
+  for (int j = 0; j < 64 / kChunks; ++j) w[j] = fast_exp2(w[j] - lse2);  // 0 where not valid
+
+  // Slot k's weight from lane k % kChunks of the segment; independent iterations, so that
+  // several 16-byte loads are in flight.
+  float acc[8] = {};
+#pragma unroll
+  for (int j = 0; j < 64 / kChunks; ++j) {
+    if (kChunks * j >= p.top_k) break;
+#pragma unroll
+    for (int u = 0; u < kChunks; ++u) {
+      const int k = kChunks * j + u;
+      const float wk = __shfl_sync(0xffffffffu, w[j], u, kChunks);
+      if (!((slots >> k) & 1)) continue;
+      const uint4 v = reinterpret_cast<const uint4*>(
+          static_cast<const T*>(p.o_part) + ((ce0 + k) * p.group + g) * kD)[chunk];
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = Elem<T>::unpack(words[e]);
+        acc[2 * e] += wk * f.x;
+        acc[2 * e + 1] += wk * f.y;
+      }
     }
   }
+  if (!live) return;
   T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + head * p.out.stride_h +
            i * p.out.stride_s + fragment_column(chunk);
 #pragma unroll

@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
-          sum += exp2f(s[0][nt][2 * h] - m_use) + exp2f(s[0][nt][2 * h + 1] - m_use);
+          sum += fast_exp2(s[0][nt][2 * h] - m_use) + fast_exp2(s[0][nt][2 * h + 1] - m_use);
         sum = quad_sum(sum);
         if (lane % 4 == 0) exchange[1][wn][r] = sum;
       }
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
         for (int h = 0; h < 2; ++h) {
           const int r = 16 * wm + 8 * h + lane / 4;
           const float sum = exchange[1][0][r] + exchange[1][1][r];
-          if (r < live_rows) p.lse_p_part[edge[h]] = sum > 0.f ? m[h] + __log2f(sum) : -INFINITY;
+          if (r < live_rows) p.lse_p_part[edge[h]] = sum > 0.f ? m[h] + fast_log2(sum) : -INFINITY;
         }
     } else {
       // The teacher of this lane's two columns per n-tile, for each of its rows.
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
               if (tv[e] > 0.f && x != -INFINITY)
                 term += tv[e] * (__logf(tv[e]) - (x - lse2[h]) * kLn2);
             } else {
-              g[e] = x == -INFINITY ? 0.f : coef * (exp2f(x - lse2[h]) - tv[e]);
+              g[e] = x == -INFINITY ? 0.f : coef * (fast_exp2(x - lse2[h]) - tv[e]);
             }
           }
           if constexpr (kGrad) {
