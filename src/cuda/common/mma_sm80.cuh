@@ -152,8 +152,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // `row`, kWordsPerTile 32-bit words per tile (1: a pair of 16-bit elements, 2: of floats),
 // `quad` = lane % 4; t0 a multiple of 4 (of 2 where kTiles = 2).
 template <int kTiles, int kWordsPerTile>
-__device__ __forceinline__ void store_fragment_row(void* row, int quad, int t0,
-                                                   const uint32_t (&words)[kTiles * kWordsPerTile]) {
+__device__ __forceinline__ void store_fragment_row(
+    void* row, int quad, int t0, const uint32_t (&words)[kTiles * kWordsPerTile]) {
   static_assert(kTiles % 4 == 0 || kTiles == 2, "whole quads of tiles, or one pair");
   constexpr int kElemBytes = 2 * kWordsPerTile;
   unsigned char* const base = static_cast<unsigned char*>(row);

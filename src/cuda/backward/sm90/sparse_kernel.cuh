@@ -167,8 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       const uint32_t panel = tile_offset + (kk / 4) * kRows * 128 + (kk % 4) * 32;
       const uint32_t kv_panel = (kk / 4) * kKeys * 128 + 64 * wg * 128 + (kk % 4) * 32;
       wgmma_m64n64k16_ss<T, 0, 0>(s, desc_add(q_desc, panel), desc_add(k_desc, kv_panel), kk > 0);
-      wgmma_m64n64k16_ss<T, 0, 0>(dp, desc_add(do_desc, panel), desc_add(v_desc, kv_panel),
-                                  kk > 0);
+      wgmma_m64n64k16_ss<T, 0, 0>(dp, desc_add(do_desc, panel), desc_add(v_desc, kv_panel), kk > 0);
     }
     wgmma_commit();
 
@@ -267,7 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       if (t0 + token >= item_rows) continue;
       uint32_t words[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) words[j] = Elem<T>::pack(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
+      for (int j = 0; j < 8; ++j)
+        words[j] = Elem<T>::pack(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
       store_fragment_row<8, 1>(
           static_cast<T*>(p.dq_part) + (rows.edge[t0 + token] * p.group + head) * kD, lane % 4,
           8 * wg, words);

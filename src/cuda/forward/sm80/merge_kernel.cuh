@@ -112,8 +112,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
                            __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128, chunk);
   const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;  // chunk-local edge of slot 0
   float w[64 / kChunks], v_proxy[64 / kChunks];
-  const float lse2 =
-      merge_lse2<kChunks>(p.lse_part + ce0 * p.group + g, p.group, slots, chunk, w);
+  const float lse2 = merge_lse2<kChunks>(p.lse_part + ce0 * p.group + g, p.group, slots, chunk, w);
   const float lse_p2 = merge_lse2<kChunks>(p.lse_p_part + ce0, 1, slots, chunk, v_proxy);
 #pragma unroll
   for (int j = 0; j < 64 / kChunks; ++j) w[j] = fast_exp2(w[j] - lse2);  // 0 where not valid
@@ -129,8 +128,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
       const int k = kChunks * j + u;
       const float wk = __shfl_sync(0xffffffffu, w[j], u, kChunks);
       if (!((slots >> k) & 1)) continue;
-      const uint4 v = reinterpret_cast<const uint4*>(
-          static_cast<const T*>(p.o_part) + ((ce0 + k) * p.group + g) * kD)[chunk];
+      const uint4 v = reinterpret_cast<const uint4*>(static_cast<const T*>(p.o_part) +
+                                                     ((ce0 + k) * p.group + g) * kD)[chunk];
       const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
