@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
     }
   }
   T* dst = static_cast<T*>(p.dst.data) + b * p.dst.stride_b +
-           (int64_t(ph) * p.rows + g) * p.dst.stride_h + i * p.dst.stride_s +
-           fragment_column(j);
+           (int64_t(ph) * p.rows + g) * p.dst.stride_h + i * p.dst.stride_s + fragment_column(j);
 #pragma unroll
   for (int e = 0; e < 4; ++e)
     *reinterpret_cast<uint32_t*>(dst + 8 * e) =
