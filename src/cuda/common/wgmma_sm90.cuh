@@ -87,6 +87,21 @@ __device__ __forceinline__ void fence_async_shared() {
 // registers.
 __device__ __forceinline__ int warpgroup_index() { return __shfl_sync(~0u, threadIdx.x / 128, 0); }
 
+// Sets to -inf this thread's entries of an m64nN accumulator (kN = N / 2 of them) whose columns
+// lie outside lo[h] .. hi[h] for its row h, columns counted as 8 (j / 4) + j % 2 from the lane's
+// first, 2 (lane % 4). Warp-uniform shortcut: nothing to do when every row of the warp sees all.
+template <int kN>
+__device__ __forceinline__ void mask_columns(float (&acc)[kN], const int (&lo)[2],
+                                             const int (&hi)[2]) {
+  constexpr int kLast = 8 * (kN / 4 - 1) + 1;
+  if (__all_sync(~0u, lo[0] <= 0 && lo[1] <= 0 && hi[0] >= kLast && hi[1] >= kLast)) return;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    const int h = (j % 4) / 2, c = 8 * (j / 4) + (j % 2);
+    if (c < lo[h] || c > hi[h]) acc[j] = -INFINITY;
+  }
+}
+
 // Barrier of the 128 threads of warpgroup wg (named barrier wg + 1; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");

@@ -99,6 +99,15 @@ struct TileRows {
     uint32_t head;  // r % G
   };
   Row row[kRows];
+
+  // The token of row r of the tile at item row t0 of an item of `item_rows` rows (`items`),
+  // clamped into the item; `valid`: the row lies inside it.
+  __device__ __forceinline__ uint32_t token_of(const ItemRows& items, int t0, int r, int item_rows,
+                                               bool& valid) const {
+    const int t = t0 + row[r].token;
+    valid = t < item_rows;
+    return uint32_t(items.token[min(t, item_rows - 1)]);
+  }
 };
 
 // Fills `tile` with threads [0, kThreads); the caller synchronises before reading.

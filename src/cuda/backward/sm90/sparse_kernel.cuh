@@ -99,12 +99,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
 
   const int item_rows = item.end - item.begin;
   const int tile_tokens = kRows / p.group;
-  // Tile row r of the tile at item row t0: item row t0 + tile_rows.row[r].token (valid below
-  // item_rows), head head0 + tile_rows.row[r].head; its token, clamped into the item.
+  // Tile row r of the tile at item row t0: head head0 + tile_rows.row[r].head, token
+  // row_token(t0, r, valid).
   auto row_token = [&](int t0, int r, bool& valid) {
-    const int t = t0 + tile_rows.row[r].token;
-    valid = t < item_rows;
-    return uint32_t(rows.token[min(t, item_rows - 1)]);
+    return tile_rows.token_of(rows, t0, r, item_rows, valid);
   };
   // Q, dO, lse and Delta of the tile at item row t0, into buffer buf.
   auto load_tile = [&](int t0, int buf) {
@@ -195,13 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
 
     // P = exp2(S scale log2e - lse log2e), masked to 0 where not visible (most tiles see all
     // 64 keys: no masking then).
-    if (!__all_sync(~0u, lo[0] <= 0 && lo[1] <= 0 && hi[0] >= 57 && hi[1] >= 57)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int h = (j % 4) / 2, c = 8 * (j / 4) + (j % 2);
-        if (c < lo[h] || c > hi[h]) s[j] = -INFINITY;
-      }
-    }
+    mask_columns(s, lo, hi);
 #pragma unroll
     for (int c = 0; c < 8; ++c)
 #pragma unroll

@@ -100,10 +100,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       copy_rows_sw128<kRows, kD, 128>(
           q_buffer(i),
           [&](int r, bool& valid) {
-            const auto [token, head] = tile_rows.row[r];
-            valid = t0 + token < item_rows;
-            return q + head * p.q.stride_h +
-                   uint32_t(rows.token[min(t0 + token, item_rows - 1)]) * p.q.stride_s;
+            return q + tile_rows.row[r].head * p.q.stride_h +
+                   tile_rows.token_of(rows, t0, r, item_rows, valid) * p.q.stride_s;
           },
           wt);
     }
@@ -165,14 +163,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     issue_scores(s_next, min(i + 1, my_tiles - 1));
 
     // Softmax over the unscaled scores (scale > 0 keeps the maximum): m in log2 units.
-    // Most tiles see every key of the block (columns 0 .. 121 of 8 c + e): no masking then.
-    if (!__all_sync(~0u, lo[0] <= 0 && lo[1] <= 0 && hi[0] >= 121 && hi[1] >= 121)) {
-#pragma unroll
-      for (int j = 0; j < 64; ++j) {
-        const int h = (j % 4) / 2, c = 8 * (j / 4) + (j % 2);
-        if (c < lo[h] || c > hi[h]) s[j] = -INFINITY;
-      }
-    }
+    // Most tiles see every key of the block: no masking then.
+    mask_columns(s, lo, hi);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 64; ++j) m[(j % 4) / 2] = fmaxf(m[(j % 4) / 2], s[j]);
