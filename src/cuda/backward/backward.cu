@@ -120,7 +120,7 @@ void sparse_backward_impl(const BackwardParams& params, Workspace workspace, cud
   const Problem& pr = params.problem;
   check_sparse_limits(pr);
   check_views(params);
-  const int64_t chunk = chunk_for(pr, workspace.bytes);
+  const int64_t chunk = even_chunk(pr.seqlen, chunk_for(pr, workspace.bytes));
   const int64_t smallest = std::min<int64_t>(pr.seqlen, kBlockSize);
   if (chunk < smallest)
     check_workspace_bytes(workspace.bytes, sparse_layout(pr, smallest, nullptr).total,

@@ -25,4 +25,14 @@ class Carver {
   size_t used_ = 0;
 };
 
+// The token chunk of the sparse passes: as few chunks as chunks of at most `max_chunk` tokens
+// (a multiple of 128) allow, all of one size (a multiple of 128), so that no chunk is a short
+// tail, which would run every kernel of its pass at a fraction of the GPU. Chunks that fit in
+// one (or no) chunk are returned as they are.
+inline int64_t even_chunk(int64_t seqlen, int64_t max_chunk) {
+  if (max_chunk <= 0 || max_chunk >= seqlen) return max_chunk;
+  const int64_t chunks = (seqlen + max_chunk - 1) / max_chunk;
+  return ((seqlen + chunks - 1) / chunks + 127) / 128 * 128;
+}
+
 }  // namespace flash_msa::cuda

@@ -4,7 +4,8 @@
 // Sparse (key-block-outer, forward/sm80/sparse_kernel.cuh; on Hopper with D = 128 the main
 // kernel is forward/sm90/sparse_kernel.cuh): the schedule's reverse index, then per token chunk
 // its work items, the main kernel (per-block partial out and lse), the proxy
-// kernel (per-block lse_proxy partials), the merge; with the KL value also the teacher rows
+// kernel (per-block lse_proxy partials; the Hopper main kernel computes them along when
+// Dp = 128), the merge; with the KL value also the teacher rows
 // (the main backward kernel in teacher mode) and the proxy kernel's KL terms, summed per row
 // and reduced in a fixed order. Chunks bound the partial buffers: the whole sequence is one
 // chunk when the workspace allows it.
@@ -106,7 +107,7 @@ void sparse_forward_impl(const ForwardParams& params, Workspace workspace, cudaS
   check_sparse_limits(pr);
   check_views(params);
   const bool kl = params.kl != nullptr;
-  const int64_t chunk = chunk_for(pr, kl, workspace.bytes);
+  const int64_t chunk = even_chunk(pr.seqlen, chunk_for(pr, kl, workspace.bytes));
   const int64_t smallest = std::min<int64_t>(pr.seqlen, kBlockSize);
   if (chunk < smallest)
     check_workspace_bytes(workspace.bytes, sparse_layout(pr, kl, smallest, nullptr).total,
@@ -122,7 +123,7 @@ void sparse_forward_impl(const ForwardParams& params, Workspace workspace, cudaS
   for (int64_t begin = 0; begin < pr.seqlen; begin += chunk) {
     const int64_t end = std::min(pr.seqlen, begin + chunk);
     const schedule::Items items = schedule::build_items(shape, index, begin, end, ws.items, stream);
-    const sm80::SparseForwardParams fp{
+    sm80::SparseForwardParams fp{
         .q = params.q,
         .k = params.k,
         .v = params.v,
@@ -140,6 +141,11 @@ void sparse_forward_impl(const ForwardParams& params, Workspace workspace, cudaS
         .num_blocks = num_blocks,
         .buckets = buckets,
         .scale_log2 = pr.scale * kLog2e,
+        .qp = params.qp,
+        .kp = params.kp,
+        .lse_p_part = nullptr,
+        .proxy_group = static_cast<int>(pr.proxy_heads / pr.proxy_kv_heads),
+        .proxy_scale_log2 = pr.proxy_scale * kLog2e,
     };
     sm80::ProxyParams pp{
         .qp = params.qp,
@@ -207,9 +213,11 @@ void sparse_forward_impl(const ForwardParams& params, Workspace workspace, cudaS
         .scale_log2 = pr.scale * kLog2e,
     };
     dispatch_attention(pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
-      if (kD != 128 || !sm90::launch_sparse_forward<T>(fp, stream))
-        sm80::launch_sparse_forward<T, kD>(fp, stream);
-      sm80::launch_proxy<T, kDp, sm80::ProxyMode::kLse>(pp, stream);
+      // The Hopper kernel takes the proxy lse along where Dp = 128.
+      if (kDp == 128) fp.lse_p_part = ws.lse_p_part;
+      const bool hopper = kD == 128 && sm90::launch_sparse_forward<T>(fp, stream);
+      if (!hopper) sm80::launch_sparse_forward<T, kD>(fp, stream);
+      if (!hopper || kDp != 128) sm80::launch_proxy<T, kDp, sm80::ProxyMode::kLse>(pp, stream);
       sm80::launch_merge<T, kD>(mp, stream);
       if (!kl) return;
       sm80::launch_sparse_backward<T, kD, true>(tp, stream);

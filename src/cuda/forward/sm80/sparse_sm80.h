@@ -25,6 +25,13 @@ struct SparseForwardParams {
   int chunk_begin, chunk_tokens;
   int seqlen, proxy_heads, group, kv_group, top_k, num_blocks, buckets;
   float scale_log2;  // scale * log2(e)
+  // The proxy branch's per-edge lse, which the Hopper kernel computes along (Dp = 128) in place
+  // of the proxy kernel's kLse pass when lse_p_part is set; the portable kernel leaves it.
+  ConstView qp;            // [B, Hp, S, Dp] strided, 16-byte aligned rows
+  ConstView kp;            // [B, Hpk, S, Dp]
+  float* lse_p_part;       // [chunk edges] log2 domain, as ProxyParams::lse_p_part, or null
+  int proxy_group;         // Hp / Hpk
+  float proxy_scale_log2;  // proxy_scale * log2(e)
 };
 
 // Combines the partials of each token of a chunk (SPEC section 2): out, lse, and lse_proxy

@@ -15,8 +15,9 @@
 // Per tile: S = Q K^T as eight m64n128k16 wgmma from shared memory (fp32, 64 registers); the
 // block has only 128 keys, so the softmax is one pass (row max, exp2 of log2(e)-prescaled
 // scores, row sum), no rescaling; P, rounded to the input dtype, stays in registers as the A
-// operand of O = P V (m64n64k16 per 64 columns of V, V read MN-major). Partial rows go out in
-// fragment order (mma_sm80.cuh).
+// operand of O = P V (m64n64k16 per 64 columns of V, V read MN-major), one commit group per
+// 64-column panel, so that the first panel's partial rows go out (in fragment order,
+// mma_sm80.cuh) while the tensor cores compute the second.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,30 +40,38 @@ inline constexpr int kKeys = 128;    // keys of a block
 inline constexpr int kD = 128;       // head dim (two 64-column panels)
 inline constexpr int kQBuffers = 3;  // query tiles per warpgroup in shared memory
 
-// K, V of the block and kQBuffers query tiles per warpgroup, SW128 panels (wgmma_sm90.cuh), plus
-// slack to align the start to 1024 bytes.
+// K, V of the block, kQBuffers query tiles per warpgroup and, with the proxy branch, the block's
+// proxy keys Kp, SW128 panels (wgmma_sm90.cuh), plus slack to align the start to 1024 bytes.
+template <bool kProxy>
 struct SharedMemory {
   static constexpr int kKvBytes = kKeys * kD * 2;
   static constexpr int kQBytes = kRows * kD * 2;
-  static constexpr int kBytes = 2 * kKvBytes + kQBuffers * kWarpgroups * kQBytes + 1024;
+  static constexpr int kBytes =
+      (kProxy ? 3 : 2) * kKvBytes + kQBuffers * kWarpgroups * kQBytes + 1024;
 };
 
-template <class T>
+// kProxy (Dp = 128): the CTA also computes the proxy branch's per-edge lse of its item
+// (SPEC section 3, as the proxy kernel's kLse pass): before its query tiles each warpgroup takes
+// 64-token tiles of proxy queries (one row per token), S_p = Qp Kp^T, and the log-sum-exp of
+// the row's visible scores.
+template <class T, bool kProxy>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::SparseForwardParams p) {
+  using Smem = SharedMemory<kProxy>;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   __shared__ schedule::ItemRows rows;
   __shared__ schedule::TileRows<kRows> tile_rows;
   unsigned char* smem = align_1024(smem_raw);
   unsigned char* s_k = smem;
-  unsigned char* s_v = s_k + SharedMemory::kKvBytes;
-  unsigned char* s_q = s_v + SharedMemory::kKvBytes;
+  unsigned char* s_v = s_k + Smem::kKvBytes;
+  unsigned char* s_q = s_v + Smem::kKvBytes;
+  unsigned char* s_kp = s_q + kQBuffers * kWarpgroups * Smem::kQBytes;  // kProxy
 
   schedule::Item item;
   if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
   const int wg = warpgroup_index(), wt = threadIdx.x % 128;
   const int warp = wt / 32, lane = threadIdx.x % 32;
-  const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
+  const int b = item.bp / p.proxy_heads, ph = item.bp % p.proxy_heads, head0 = ph * p.group;
   const int key0 = item.block * kKeys;
   const T* k =
       static_cast<const T*>(p.k.data) + b * p.k.stride_b + (head0 / p.kv_group) * p.k.stride_h;
@@ -79,6 +88,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       s_k, [&](int r, bool& valid) { return k + key_row(r, valid) * p.k.stride_s; }, threadIdx.x);
   copy_rows_sw128<kKeys, kD, kThreads>(
       s_v, [&](int r, bool& valid) { return v + key_row(r, valid) * p.v.stride_s; }, threadIdx.x);
+  if constexpr (kProxy) {
+    const T* kp =
+        static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.proxy_group) * p.kp.stride_h;
+    copy_rows_sw128<kKeys, kD, kThreads>(
+        s_kp, [&](int r, bool& valid) { return kp + key_row(r, valid) * p.kp.stride_s; },
+        threadIdx.x);
+  }
   cp_async_commit();
   schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
   schedule::fill_tile_rows<kRows, kThreads>(tile_rows, p.group, threadIdx.x);
@@ -91,9 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   // cp.async group, empty past the last tile, so that "all but the newest group" is always the
   // tile needed next.
   const int my_tiles = wg < tiles ? (tiles - wg + kWarpgroups - 1) / kWarpgroups : 0;
-  auto q_buffer = [&](int i) {
-    return s_q + (kQBuffers * wg + i % kQBuffers) * SharedMemory::kQBytes;
-  };
+  auto q_buffer = [&](int i) { return s_q + (kQBuffers * wg + i % kQBuffers) * Smem::kQBytes; };
   auto load_q = [&](int i) {
     if (i < my_tiles) {
       const int t0 = (wg + kWarpgroups * i) * tile_tokens;
@@ -109,18 +123,68 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   };
   const uint64_t k_desc = sw128_desc(smem_addr(s_k), 16, 1024);
   const uint64_t v_desc = sw128_desc(smem_addr(s_v), kKeys * 128, 1024);
-  // S = Q K^T of tile i over the block's 128 keys; K-steps of 16 columns, 4 per 64-column panel.
-  auto issue_scores = [&](float(&acc)[64], int i) {
-    const uint64_t q_desc = sw128_desc(smem_addr(q_buffer(i)), 16, 1024);
+  // S = Q K^T of the query tile at `tile` over the block's 128 keys at `keys`; K-steps of 16
+  // columns, 4 per 64-column panel.
+  auto issue_product = [&](float(&acc)[64], const unsigned char* tile, uint64_t keys) {
+    const uint64_t q_desc = sw128_desc(smem_addr(tile), 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t offset = (kk % 4) * 32;  // bytes into the panel's 128-byte rows
       wgmma_m64n128k16_ss<T, 0, 0>(acc, desc_add(q_desc, (kk / 4) * kRows * 128 + offset),
-                                   desc_add(k_desc, (kk / 4) * kKeys * 128 + offset), kk > 0);
+                                   desc_add(keys, (kk / 4) * kKeys * 128 + offset), kk > 0);
     }
     wgmma_commit();
   };
+  auto issue_scores = [&](float(&acc)[64], int i) { issue_product(acc, q_buffer(i), k_desc); };
+  // This lane's rows of a tile are 16 warp + 8 h + lane / 4 (h = 0, 1); row h at item row t[h]
+  // has visible columns 8 c + 2 (lane % 4) + e from lo[h] to hi[h] of 8 c + e (causal and
+  // document bounds), everything past the item (nothing is stored there).
+  auto visible_columns = [&](const int(&t)[2], int(&lo)[2], int(&hi)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lo[h] = INT_MIN;
+      hi[h] = INT_MAX;
+      if (t[h] < item_rows) {
+        lo[h] = rows.first[t[h]] - key0 - 2 * (lane % 4);
+        hi[h] = rows.token[t[h]] - key0 - 2 * (lane % 4);
+      }
+    }
+  };
+  // One-pass softmax of the scores s (unscaled; scale > 0 keeps the maximum), masked to the
+  // visible columns: s becomes exp2(s scale - m), m the row maximum in log2 units, l the row sum.
+  auto softmax = [&](float(&s)[64], const int(&lo)[2], const int(&hi)[2], float scale, float(&m)[2],
+                     float(&l)[2]) {
+    // Most tiles see every key of the block: no masking then.
+    mask_columns(s, lo, hi);
+    // Maxima and sums in four independent chains per row (a row's 32 values in one chain of
+    // dependent instructions would stall on each), combined at the end.
+    float mc[2][4], lc[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        mc[h][x] = -INFINITY;
+        lc[h][x] = 0.f;
+      }
+#pragma unroll
+    for (int j = 0; j < 64; ++j)
+      mc[(j % 4) / 2][(j / 4) % 4] = fmaxf(mc[(j % 4) / 2][(j / 4) % 4], s[j]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m[h] = quad_max(fmaxf(fmaxf(mc[h][0], mc[h][1]), fmaxf(mc[h][2], mc[h][3])));
+      // A row with no visible key keeps m = -inf: subtract 0 then, not -inf.
+      m[h] = m[h] == -INFINITY ? 0.f : m[h] * scale;
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        s[4 * c + 2 * h] = fast_exp2(fmaf(s[4 * c + 2 * h], scale, -m[h]));
+        s[4 * c + 2 * h + 1] = fast_exp2(fmaf(s[4 * c + 2 * h + 1], scale, -m[h]));
+        lc[h][c % 4] += s[4 * c + 2 * h] + s[4 * c + 2 * h + 1];
+      }
+      l[h] = quad_sum((lc[h][0] + lc[h][1]) + (lc[h][2] + lc[h][3]));
+    }
+  };
+  auto lse_of = [](float m, float l) { return l > 0.f ? m + fast_log2(l) : -INFINITY; };
 
   load_q(0);
   load_q(1);
@@ -128,6 +192,40 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   fence_async_shared();
   __syncthreads();  // K, V and each warpgroup's first tile are in place
   if (my_tiles == 0) return;
+
+  if constexpr (kProxy) {
+    // The proxy tiles first, through the third query buffer, while the first two query tiles
+    // land.
+    const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
+    const uint64_t kp_desc = sw128_desc(smem_addr(s_kp), 16, 1024);
+    for (int t0 = kRows * wg; t0 < item_rows; t0 += kRows * kWarpgroups) {
+      copy_rows_sw128<kRows, kD, 128>(
+          q_buffer(2),
+          [&](int r, bool& valid) {
+            valid = t0 + r < item_rows;
+            return qp + rows.token[min(t0 + r, item_rows - 1)] * p.qp.stride_s;
+          },
+          wt);
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_async_shared();
+      warpgroup_sync(wg);  // the tile's Qp rows are in place
+      float sp[64];
+      issue_product(sp, q_buffer(2), kp_desc);
+      int t[2], lo[2], hi[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) t[h] = t0 + 16 * warp + 8 * h + lane / 4;
+      visible_columns(t, lo, hi);
+      wgmma_wait<0>();
+      fence_operands(sp);
+      float m[2], l[2];
+      softmax(sp, lo, hi, p.proxy_scale_log2, m, l);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (t[h] < item_rows && lane % 4 == 0) p.lse_p_part[rows.edge[t[h]]] = lse_of(m[h], l[h]);
+      warpgroup_sync(wg);  // every warp is past its product from the buffer
+    }
+  }
 
   float s[64], s_next[64];
   issue_scores(s, 0);
@@ -141,46 +239,18 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     fence_async_shared();
     warpgroup_sync(wg);  // tile i + 1 landed; every warp is past the S of tile i
     const int t0 = (wg + kWarpgroups * i) * tile_tokens;  // item row of the tile's first token
-    // This lane's rows: 16 warp + 8 h + lane / 4 (h = 0, 1), item row t[h] (past the item:
-    // nothing stored). Its columns 8 c + 2 (lane % 4) + e are visible from column lo[h] to
-    // hi[h] of 8 c + e, which the causal and document bounds give.
     int t[2], lo[2], hi[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      t[h] = t0 + tile_rows.row[16 * warp + 8 * h + lane / 4].token;
-      lo[h] = INT_MIN;
-      hi[h] = INT_MAX;
-      if (t[h] < item_rows) {
-        lo[h] = rows.first[t[h]] - key0 - 2 * (lane % 4);
-        hi[h] = rows.token[t[h]] - key0 - 2 * (lane % 4);
-      }
-    }
+    for (int h = 0; h < 2; ++h) t[h] = t0 + tile_rows.row[16 * warp + 8 * h + lane / 4].token;
+    visible_columns(t, lo, hi);
 
     // The next tile's S runs on the tensor cores during this tile's softmax, which is
     // straight-line code up to the wait (a branch there would make the compiler wait first).
     // After the last tile this recomputes the current one, unused: an unconditional issue
     // keeps the branch out.
     issue_scores(s_next, min(i + 1, my_tiles - 1));
-
-    // Softmax over the unscaled scores (scale > 0 keeps the maximum): m in log2 units.
-    // Most tiles see every key of the block: no masking then.
-    mask_columns(s, lo, hi);
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 64; ++j) m[(j % 4) / 2] = fmaxf(m[(j % 4) / 2], s[j]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      m[h] = quad_max(m[h]);
-      // A row with no visible key keeps m = -inf: subtract 0 then, not -inf.
-      m[h] = m[h] == -INFINITY ? 0.f : m[h] * p.scale_log2;
-#pragma unroll
-      for (int c = 0; c < 16; ++c) {
-        s[4 * c + 2 * h] = fast_exp2(fmaf(s[4 * c + 2 * h], p.scale_log2, -m[h]));
-        s[4 * c + 2 * h + 1] = fast_exp2(fmaf(s[4 * c + 2 * h + 1], p.scale_log2, -m[h]));
-        l[h] += s[4 * c + 2 * h] + s[4 * c + 2 * h + 1];
-      }
-      l[h] = quad_sum(l[h]);
-    }
+    float m[2], l[2];
+    softmax(s, lo, hi, p.scale_log2, m, l);
 
     // O = P V: P (keys 16 kk ..) as A registers; V's rows are keys, MN-major, one wgmma per
     // 64-column panel.
@@ -194,31 +264,46 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     float o[2][32];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
+    for (int panel = 0; panel < 2; ++panel) {
 #pragma unroll
-      for (int panel = 0; panel < 2; ++panel)
+      for (int kk = 0; kk < kKeys / 16; ++kk)
         wgmma_m64n64k16_rs_mn<T>(o[panel], a[kk],
                                  desc_add(v_desc, panel * kKeys * 128 + kk * 16 * 128), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();  // P V of this tile and S of the next
-    fence_operands(o[0]);
-    fence_operands(o[1]);
-    fence_operands(s_next);
+      wgmma_commit();
+    }
 
+    // While P V runs: each row's partial (row of o_part), 1 / l, and its lse. Then the two
+    // 64-column panels of O go out one after the other, the first while the second is still
+    // on the tensor cores.
+    int64_t row[2];
+    float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (t[h] >= item_rows) continue;
-      const int64_t row =
-          rows.edge[t[h]] * p.group + tile_rows.row[16 * warp + 8 * h + lane / 4].head;
-      const float inv = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
-      uint32_t packed[kD / 8];
-#pragma unroll
-      for (int t = 0; t < kD / 8; ++t)
-        packed[t] = Elem<T>::pack(o[t / 8][4 * (t % 8) + 2 * h] * inv,
-                                  o[t / 8][4 * (t % 8) + 2 * h + 1] * inv);
-      store_fragment_row<kD / 8, 1>(static_cast<T*>(p.o_part) + row * kD, lane % 4, 0, packed);
-      if (lane % 4 == 0) p.lse_part[row] = l[h] > 0.f ? m[h] + fast_log2(l[h]) : -INFINITY;
+      row[h] = rows.edge[t[h]] * p.group + tile_rows.row[16 * warp + 8 * h + lane / 4].head;
+      inv[h] = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
+      if (lane % 4 == 0) p.lse_part[row[h]] = lse_of(m[h], l[h]);
     }
+    auto store_panel = [&](int panel) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (t[h] >= item_rows) continue;
+        uint32_t packed[kD / 16];
+#pragma unroll
+        for (int t = 0; t < kD / 16; ++t)
+          packed[t] =
+              Elem<T>::pack(o[panel][4 * t + 2 * h] * inv[h], o[panel][4 * t + 2 * h + 1] * inv[h]);
+        store_fragment_row<kD / 16, 1>(static_cast<T*>(p.o_part) + row[h] * kD, lane % 4,
+                                       panel * kD / 16, packed);
+      }
+    };
+    wgmma_wait<1>();  // S of the next tile and the first panel
+    fence_operands(o[0]);
+    store_panel(0);
+    wgmma_wait<0>();
+    fence_operands(o[1]);
+    fence_operands(s_next);
+    store_panel(1);
 #pragma unroll
     for (int j = 0; j < 64; ++j) s[j] = s_next[j];
   } while (++i < my_tiles);
@@ -233,9 +318,13 @@ namespace flash_msa::cuda::sm90 {
 
 template <class T>
 bool launch_sparse_forward(const sm80::SparseForwardParams& params, cudaStream_t stream) {
-  return launch_hopper(sparse_forward::forward_kernel<T>,
-                       static_cast<unsigned>(params.items.max_items), sparse_forward::kThreads,
-                       sparse_forward::SharedMemory::kBytes, params, stream);
+  using namespace sparse_forward;
+  const unsigned grid = static_cast<unsigned>(params.items.max_items);
+  if (params.lse_p_part != nullptr)
+    return launch_hopper(forward_kernel<T, true>, grid, kThreads, SharedMemory<true>::kBytes,
+                         params, stream);
+  return launch_hopper(forward_kernel<T, false>, grid, kThreads, SharedMemory<false>::kBytes,
+                       params, stream);
 }
 
 }  // namespace flash_msa::cuda::sm90
