@@ -46,12 +46,15 @@ __device__ __forceinline__ void copy_rows_sw128(unsigned char* tile, const RowSr
   const int chunk = thread % kChunks, row0 = thread / kChunks;
   // row0 + j kStep has the swizzle of row0: one address, stepped by kStep rows.
   const uint32_t dst = smem_addr(tile) + sw128_offset<kRows>(row0, chunk);
+  // Every source address first, then the copies: the row lookups (shared loads) go out
+  // together rather than each behind the copy before it.
+  constexpr int kCopies = kRows / kStep;
+  const void* src[kCopies];
+  bool valid[kCopies];
 #pragma unroll
-  for (int j = 0; j < kRows / kStep; ++j) {
-    bool valid;
-    const auto* src = row_src(row0 + j * kStep, valid);
-    cp_async_16(dst + j * kStep * 128, src + chunk * 8, valid);
-  }
+  for (int j = 0; j < kCopies; ++j) src[j] = row_src(row0 + j * kStep, valid[j]) + chunk * 8;
+#pragma unroll
+  for (int j = 0; j < kCopies; ++j) cp_async_16(dst + j * kStep * 128, src[j], valid[j]);
 }
 
 // Descriptor of a 128B-swizzled operand at shared address `addr`: `sbo` bytes between 8-row groups

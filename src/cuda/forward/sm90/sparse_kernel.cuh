@@ -51,7 +51,7 @@ struct SharedMemory {
 };
 
 // kProxy (Dp = 128): the CTA also computes the proxy branch's per-edge lse of its item
-// (SPEC section 3, as the proxy kernel's kLse pass): before its query tiles each warpgroup takes
+// (SPEC section 3, as the proxy kernel's kLse pass): after its query tiles each warpgroup takes
 // 64-token tiles of proxy queries (one row per token), S_p = Qp Kp^T, and the log-sum-exp of
 // the row's visible scores.
 template <class T, bool kProxy>
@@ -107,6 +107,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   // cp.async group, empty past the last tile, so that "all but the newest group" is always the
   // tile needed next.
   const int my_tiles = wg < tiles ? (tiles - wg + kWarpgroups - 1) / kWarpgroups : 0;
+  // With the proxy branch, the warpgroup's proxy tiles (64 tokens, one row each: item rows
+  // 64 (wg + 2 j) ..) follow its query tiles through the same buffers, tile my_tiles + j, so that
+  // their loads too are in flight two tiles ahead.
+  const int my_proxy_tiles =
+      kProxy && item_rows > kRows * wg ? (item_rows - kRows * wg + 2 * kRows - 1) / (2 * kRows) : 0;
   auto q_buffer = [&](int i) { return s_q + (kQBuffers * wg + i % kQBuffers) * Smem::kQBytes; };
   auto load_q = [&](int i) {
     if (i < my_tiles) {
@@ -116,6 +121,16 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
           [&](int r, bool& valid) {
             return q + tile_rows.row[r].head * p.q.stride_h +
                    tile_rows.token_of(rows, t0, r, item_rows, valid) * p.q.stride_s;
+          },
+          wt);
+    } else if (i - my_tiles < my_proxy_tiles) {
+      const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
+      const int t0 = kRows * (wg + kWarpgroups * (i - my_tiles));
+      copy_rows_sw128<kRows, kD, 128>(
+          q_buffer(i),
+          [&](int r, bool& valid) {
+            valid = t0 + r < item_rows;
+            return qp + rows.token[min(t0 + r, item_rows - 1)] * p.qp.stride_s;
           },
           wt);
     }
@@ -192,40 +207,6 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   fence_async_shared();
   __syncthreads();  // K, V and each warpgroup's first tile are in place
   if (my_tiles == 0) return;
-
-  if constexpr (kProxy) {
-    // The proxy tiles first, through the third query buffer, while the first two query tiles
-    // land.
-    const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
-    const uint64_t kp_desc = sw128_desc(smem_addr(s_kp), 16, 1024);
-    for (int t0 = kRows * wg; t0 < item_rows; t0 += kRows * kWarpgroups) {
-      copy_rows_sw128<kRows, kD, 128>(
-          q_buffer(2),
-          [&](int r, bool& valid) {
-            valid = t0 + r < item_rows;
-            return qp + rows.token[min(t0 + r, item_rows - 1)] * p.qp.stride_s;
-          },
-          wt);
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_async_shared();
-      warpgroup_sync(wg);  // the tile's Qp rows are in place
-      float sp[64];
-      issue_product(sp, q_buffer(2), kp_desc);
-      int t[2], lo[2], hi[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) t[h] = t0 + 16 * warp + 8 * h + lane / 4;
-      visible_columns(t, lo, hi);
-      wgmma_wait<0>();
-      fence_operands(sp);
-      float m[2], l[2];
-      softmax(sp, lo, hi, p.proxy_scale_log2, m, l);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (t[h] < item_rows && lane % 4 == 0) p.lse_p_part[rows.edge[t[h]]] = lse_of(m[h], l[h]);
-      warpgroup_sync(wg);  // every warp is past its product from the buffer
-    }
-  }
 
   float s[64], s_next[64];
   issue_scores(s, 0);
@@ -307,6 +288,33 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
 #pragma unroll
     for (int j = 0; j < 64; ++j) s[j] = s_next[j];
   } while (++i < my_tiles);
+
+  // The proxy tiles, loaded by the last two query tiles' iterations (groups my_tiles and
+  // my_tiles + 1 are the newest).
+  if constexpr (kProxy) {
+    const uint64_t kp_desc = sw128_desc(smem_addr(s_kp), 16, 1024);
+    for (int j = 0; j < my_proxy_tiles; ++j) {
+      if (j == 0)
+        cp_async_wait<1>();
+      else
+        cp_async_wait<0>();
+      fence_async_shared();
+      warpgroup_sync(wg);  // the tile's Qp rows are in place
+      issue_product(s, q_buffer(my_tiles + j), kp_desc);
+      const int t0 = kRows * (wg + kWarpgroups * j);
+      int t[2], lo[2], hi[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) t[h] = t0 + 16 * warp + 8 * h + lane / 4;
+      visible_columns(t, lo, hi);
+      wgmma_wait<0>();
+      fence_operands(s);
+      float m[2], l[2];
+      softmax(s, lo, hi, p.proxy_scale_log2, m, l);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (t[h] < item_rows && lane % 4 == 0) p.lse_p_part[rows.edge[t[h]]] = lse_of(m[h], l[h]);
+    }
+  }
 #else
   __trap();  // built without sm_90a code; launch_sparse_forward does not launch it then
 #endif
