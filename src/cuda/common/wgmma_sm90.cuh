@@ -109,11 +109,27 @@ __device__ __forceinline__ void mask_columns(float (&acc)[kN], const int (&lo)[2
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
 }
-// Keeps the compiler from moving accesses of accumulator registers across wgmma issue and wait.
+// Named barrier `id` over `threads` threads (a multiple of 32): wait at it, or arrive without
+// waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Keeps the compiler from moving accesses of wgmma operand registers (accumulators, A fragments)
+// across wgmma issue and wait.
 template <int kN>
 __device__ __forceinline__ void fence_operands(float (&d)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kM, int kN>
+__device__ __forceinline__ void fence_operands(uint32_t (&d)[kM][kN]) {
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int j = 0; j < kN; ++j) asm volatile("" : "+r"(d[i][j])::"memory");
 }
 
 template <class T>

@@ -201,47 +201,65 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   };
   auto lse_of = [](float m, float l) { return l > 0.f ? m + fast_log2(l) : -INFINITY; };
 
-  load_q(0);
-  load_q(1);
-  cp_async_wait<1>();
-  fence_async_shared();
-  __syncthreads();  // K, V and each warpgroup's first tile are in place
-  if (my_tiles == 0) return;
-
-  float s[64], s_next[64];
-  issue_scores(s, 0);
-  int i = 0;
-  do {                // my_tiles >= 1: no branch between the first issue and its wait
-    wgmma_wait<0>();  // S of tile i
-    fence_operands(s);
-    // Buffer (i + 2) % 3 held tile i - 1, whose S every warp finished before the last barrier.
-    load_q(i + 2);
-    cp_async_wait<1>();
-    fence_async_shared();
-    warpgroup_sync(wg);  // tile i + 1 landed; every warp is past the S of tile i
+  // This lane's rows of tile i: item rows t[h].
+  auto rows_of = [&](int i, int(&t)[2]) {
     const int t0 = (wg + kWarpgroups * i) * tile_tokens;  // item row of the tile's first token
-    int t[2], lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) t[h] = t0 + tile_rows.row[16 * warp + 8 * h + lane / 4].token;
-    visible_columns(t, lo, hi);
-
-    // The next tile's S runs on the tensor cores during this tile's softmax, which is
-    // straight-line code up to the wait (a branch there would make the compiler wait first).
-    // After the last tile this recomputes the current one, unused: an unconditional issue
-    // keeps the branch out.
-    issue_scores(s_next, min(i + 1, my_tiles - 1));
-    float m[2], l[2];
-    softmax(s, lo, hi, p.scale_log2, m, l);
-
-    // O = P V: P (keys 16 kk ..) as A registers; V's rows are keys, MN-major, one wgmma per
-    // 64-column panel.
-    uint32_t a[kKeys / 16][4];
+  };
+  // P (keys 16 kk ..) rounded to the input dtype as the A registers of O = P V.
+  auto to_a = [](const float(&s)[64], uint32_t(&a)[kKeys / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const float(&lo)[4] = *reinterpret_cast<const float(*)[4]>(s + 8 * kk);
       const float(&hi)[4] = *reinterpret_cast<const float(*)[4]>(s + 8 * kk + 4);
       sm80::acc_to_a<T>(a[kk], lo, hi);
     }
+  };
+  // The two warpgroups take turns to issue their products (S of the next tile, then P V of
+  // this one), warpgroup 0 first, on named barriers 3 + wg (bar.sync by the warpgroup whose
+  // turn it is, bar.arrive by the other): each one's softmax and stores then run while the
+  // tensor cores work on the other's products. A warpgroup arrives only for a turn the other
+  // still has, so no arrival is left over.
+  const int other_tiles = 1 - wg < tiles ? (tiles - (1 - wg) + kWarpgroups - 1) / kWarpgroups : 0;
+  auto wait_turn = [&] { named_barrier_sync(3 + wg, 2 * 128); };
+  auto pass_turn = [&] { named_barrier_arrive(3 + (1 - wg), 2 * 128); };
+
+  load_q(0);
+  load_q(1);
+  cp_async_wait<1>();
+  fence_async_shared();
+  __syncthreads();                              // K, V and each warpgroup's first tile are in place
+  if (wg == 1 && other_tiles > 0) pass_turn();  // warpgroup 0 takes the first turn
+  if (my_tiles == 0) return;
+
+  // Tile 0's S and softmax, then per tile i: the products (S of tile i + 1 into s, O = P V of
+  // tile i from a), the softmax of tile i + 1 while P V runs, the stores of tile i.
+  float s[64];
+  uint32_t a[kKeys / 16][4];
+  float m[2], l[2];  // tile i's row maxima (log2 units) and sums
+  int t[2];          // tile i's item rows
+  {
+    issue_scores(s, 0);
+    int lo[2], hi[2];
+    rows_of(0, t);
+    visible_columns(t, lo, hi);
+    wgmma_wait<0>();
+    fence_operands(s);
+    softmax(s, lo, hi, p.scale_log2, m, l);
+    to_a(s, a);
+  }
+  int i = 0;
+  do {
+    // Buffer (i + 2) % 3 held tile i - 1, whose S every warp finished before the last turn.
+    load_q(i + 2);
+    cp_async_wait<1>();
+    fence_async_shared();
+    wait_turn();  // also: tile i + 1 landed (every warp of the warpgroup is at the barrier)
+    // After the last tile this recomputes the current one, unused: an unconditional issue
+    // keeps branches away from the products in flight (the compiler would wait first).
+    issue_scores(s, min(i + 1, my_tiles - 1));
+    // O = P V: V's rows are keys, MN-major, one wgmma and commit group per 64-column panel.
     float o[2][32];
     wgmma_fence();
 #pragma unroll
@@ -252,10 +270,22 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
                                  desc_add(v_desc, panel * kKeys * 128 + kk * 16 * 128), kk > 0);
       wgmma_commit();
     }
+    if (wg == 0 ? i < other_tiles : i + 1 < other_tiles) pass_turn();
 
-    // While P V runs: each row's partial (row of o_part), 1 / l, and its lse. Then the two
-    // 64-column panels of O go out one after the other, the first while the second is still
-    // on the tensor cores.
+    int t_next[2], lo[2], hi[2];
+    rows_of(i + 1, t_next);
+    visible_columns(t_next, lo, hi);
+    wgmma_wait<2>();  // S of tile i + 1
+    fence_operands(s);
+    float m_next[2], l_next[2];
+    softmax(s, lo, hi, p.scale_log2, m_next, l_next);
+    // The softmax before the waits below (its results are used only after them, so the
+    // compiler would sink it there).
+    fence_operands(s);
+    fence_operands(m_next);
+    fence_operands(l_next);
+
+    // Tile i's rows: partial row (row of o_part), 1 / l, lse.
     int64_t row[2];
     float inv[2];
 #pragma unroll
@@ -265,6 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       inv[h] = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
       if (lane % 4 == 0) p.lse_part[row[h]] = lse_of(m[h], l[h]);
     }
+    // Tile i's 64-column panels of O, the first while the second is on the tensor cores.
     auto store_panel = [&](int panel) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -278,15 +309,20 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
                                        panel * kD / 16, packed);
       }
     };
-    wgmma_wait<1>();  // S of the next tile and the first panel
+    wgmma_wait<1>();
     fence_operands(o[0]);
     store_panel(0);
     wgmma_wait<0>();
     fence_operands(o[1]);
-    fence_operands(s_next);
+    fence_operands(a);
     store_panel(1);
+    to_a(s, a);  // P V of tile i is done with a
 #pragma unroll
-    for (int j = 0; j < 64; ++j) s[j] = s_next[j];
+    for (int h = 0; h < 2; ++h) {
+      m[h] = m_next[h];
+      l[h] = l_next[h];
+      t[h] = t_next[h];
+    }
   } while (++i < my_tiles);
 
   // The proxy tiles, loaded by the last two query tiles' iterations (groups my_tiles and
