@@ -5,12 +5,12 @@
 // One CTA takes a work item (up to 256 tokens that selected key block n of proxy head p): all
 // 256 threads load K_n and V_n into shared memory once, and the item's entries decoded (token,
 // document start, edge; schedule::ItemRows), so that no global load stands between a tile and
-// its gather; then each of the two warpgroups walks
-// its own query tiles of 64 rows (floor(64 / G) tokens x G heads; tiles wg, wg + 2, ...) through
-// three shared buffers: the gather (cp.async) of the tile after next is in flight, and the next
-// tile's S = Q K^T is issued before this tile's softmax, so the tensor cores work on one while
-// the other runs through the exponentials. The warpgroups synchronise only on their own named
-// barrier, so one's softmax and stores also overlap the other's tensor-core work.
+// its gather; then each of the two warpgroups walks its own query tiles of 64 rows
+// (floor(64 / G) tokens x G heads; tiles wg, wg + 2, ...) through three shared buffers, the
+// gather (cp.async) of the tile after next in flight. The warpgroups take turns to issue their
+// tensor-core work, S = Q K^T of the next tile together with O = P V of the current one; each
+// then runs the next tile's softmax and the current tile's stores while the tensor cores work
+// on its own P V and on the other warpgroup's products.
 //
 // Per tile: S = Q K^T as eight m64n128k16 wgmma from shared memory (fp32, 64 registers); the
 // block has only 128 keys, so the softmax is one pass (row max, exp2 of log2(e)-prescaled
