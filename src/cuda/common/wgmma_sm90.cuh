@@ -105,10 +105,6 @@ __device__ __forceinline__ void mask_columns(float (&acc)[kN], const int (&lo)[2
   }
 }
 
-// Barrier of the 128 threads of warpgroup wg (named barrier wg + 1; 0 is __syncthreads).
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
-}
 // Named barrier `id` over `threads` threads (a multiple of 32): wait at it, or arrive without
 // waiting.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
@@ -117,6 +113,8 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Barrier of the 128 threads of warpgroup wg (named barrier wg + 1; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int wg) { named_barrier_sync(wg + 1, 128); }
 // Keeps the compiler from moving accesses of wgmma operand registers (accumulators, A fragments)
 // across wgmma issue and wait.
 template <int kN>

@@ -106,10 +106,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   // Tile i of this warpgroup is item tile wg + 2 i, in buffer i % 3. Every load commits one
   // cp.async group, empty past the last tile, so that "all but the newest group" is always the
   // tile needed next.
-  const int my_tiles = wg < tiles ? (tiles - wg + kWarpgroups - 1) / kWarpgroups : 0;
-  // With the proxy branch, the warpgroup's proxy tiles (64 tokens, one row each: item rows
-  // 64 (wg + 2 j) ..) follow its query tiles through the same buffers, tile my_tiles + j, so that
+  auto tiles_of = [&](int w) {
+    return w < tiles ? (tiles - w + kWarpgroups - 1) / kWarpgroups : 0;
+  };
+  const int my_tiles = tiles_of(wg);
+  // With the proxy branch, the warpgroup's proxy tiles j (64 tokens, one row each, from item row
+  // proxy_row0(j)) follow its query tiles through the same buffers, tile my_tiles + j, so that
   // their loads too are in flight two tiles ahead.
+  auto proxy_row0 = [&](int j) { return kRows * (wg + kWarpgroups * j); };
   const int my_proxy_tiles =
       kProxy && item_rows > kRows * wg ? (item_rows - kRows * wg + 2 * kRows - 1) / (2 * kRows) : 0;
   auto q_buffer = [&](int i) { return s_q + (kQBuffers * wg + i % kQBuffers) * Smem::kQBytes; };
@@ -125,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
           wt);
     } else if (i - my_tiles < my_proxy_tiles) {
       const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
-      const int t0 = kRows * (wg + kWarpgroups * (i - my_tiles));
+      const int t0 = proxy_row0(i - my_tiles);
       copy_rows_sw128<kRows, kD, 128>(
           q_buffer(i),
           [&](int r, bool& valid) {
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   // turn it is, bar.arrive by the other): each one's softmax and stores then run while the
   // tensor cores work on the other's products. A warpgroup arrives only for a turn the other
   // still has, so no arrival is left over.
-  const int other_tiles = 1 - wg < tiles ? (tiles - (1 - wg) + kWarpgroups - 1) / kWarpgroups : 0;
+  const int other_tiles = tiles_of(1 - wg);
   auto wait_turn = [&] { named_barrier_sync(3 + wg, 2 * 128); };
   auto pass_turn = [&] { named_barrier_arrive(3 + (1 - wg), 2 * 128); };
 
@@ -337,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       fence_async_shared();
       warpgroup_sync(wg);  // the tile's Qp rows are in place
       issue_product(s, q_buffer(my_tiles + j), kp_desc);
-      const int t0 = kRows * (wg + kWarpgroups * j);
+      const int t0 = proxy_row0(j);
       int t[2], lo[2], hi[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) t[h] = t0 + 16 * warp + 8 * h + lane / 4;
