@@ -283,8 +283,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     fence_operands(s);
     float m_next[2], l_next[2];
     softmax(s, lo, hi, p.scale_log2, m_next, l_next);
-    // The softmax before the waits below (its results are used only after them, so the
-    // compiler would sink it there).
+    // The softmax before the waits below: its results are used only after them, and ptxas
+    // moves a wait up to the start of its basic block, so these fences and the branches of the
+    // row code next keep the softmax in a block of its own.
     fence_operands(s);
     fence_operands(m_next);
     fence_operands(l_next);
