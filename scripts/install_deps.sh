@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Installs the pinned build and test dependencies of flash-msa on Debian 12 (root or sudo).
+# Installs the pinned build and test dependencies of flash-msa on Debian 12: the Debian packages
+# system-wide (apt, as root or through sudo; only those missing), the Python packages into the
+# project's own virtual environment .venv (created with --system-site-packages, so that a matching
+# torch already installed for the system's python3 is reused rather than downloaded again). Nothing
+# is pip-installed into the system's Python.
 # The CUDA toolkit (nvcc 13.0) is optional: without it the CPU library and tests still build.
+# --no-python: the Debian packages only (all that the C++ build needs).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(cmake ninja-build g++ libgtest-dev=1.12.1-0.2 googletest=1.12.1-0.2)
+APT_PACKAGES=(cmake ninja-build g++ libgtest-dev=1.12.1-0.2 googletest=1.12.1-0.2
+              python3-venv python3-dev)
 PY_PACKAGES=(torch==2.11.0 numpy==2.4.6 pytest==9.2.0 setuptools==81.0.0 wheel==0.48.0 ninja==1.13.2)
 
 missing=()
@@ -13,8 +20,14 @@ done
 if ((${#missing[@]})); then
   sudo_cmd=""
   [[ $(id -u) -eq 0 ]] || sudo_cmd="sudo"
+  echo "install_deps: apt-get install ${missing[*]}"
   $sudo_cmd apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
 fi
 
-python3 -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+[[ ${1:-} == --no-python ]] && exit 0
+if [[ ! -x .venv/bin/python ]]; then
+  echo "install_deps: creating the virtual environment .venv"
+  python3 -m venv --system-site-packages .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
