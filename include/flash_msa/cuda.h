@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "flash_msa/msa.h"
 
@@ -40,5 +41,18 @@ void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStre
 
 // True when a CUDA device of compute capability >= 8.0 is visible to this process.
 bool device_available();
+
+// The implementation of the sparse forward's and backward's main kernels.
+enum class Kernels : int32_t {
+  kPortable = 0,  // mma.sync tensor-core kernels, compute capability 8.0 and newer
+  kHopper = 1,    // wgmma kernels for compute capability 9.x (H100, H200), D = 128
+};
+const char* kernels_name(Kernels kernels);  // "portable" or "hopper"
+
+// The implementation sparse_forward and sparse_backward take for `problem` on the current
+// device: kHopper on compute capability 9.x when D = 128 and the binary holds sm_90a code,
+// unless the environment variable FLASH_MSA_PORTABLE_KERNELS is set to anything but "0";
+// kPortable otherwise. The device is probed once and cached; no synchronisation.
+Kernels sparse_kernels(const Problem& problem);
 
 }  // namespace flash_msa::cuda

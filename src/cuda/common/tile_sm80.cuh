@@ -16,7 +16,7 @@
 
 #include "cuda/common/mma_sm80.cuh"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 template <int kRowChunks>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
@@ -146,4 +146,4 @@ __device__ __forceinline__ void copy_rows_async(T* tile, const RowPtr& row_ptr,
   }
 }
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable

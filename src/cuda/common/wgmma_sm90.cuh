@@ -105,6 +105,13 @@ __device__ __forceinline__ void mask_columns(float (&acc)[kN], const int (&lo)[2
   }
 }
 
+// The named barrier ids of the Hopper kernels (hardware ids 1 to 15; 0 is __syncthreads), one
+// per warpgroup wg of two: id + wg.
+enum NamedBarrier : int {
+  kWarpgroupBarrier = 1,  // the 128 threads of warpgroup wg (warpgroup_sync)
+  kTurnBarrier = 3,       // the sparse forward's turns: warpgroup wg waits for its turn here
+};
+
 // Named barrier `id` over `threads` threads (a multiple of 32): wait at it, or arrive without
 // waiting.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
@@ -113,8 +120,10 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// Barrier of the 128 threads of warpgroup wg (named barrier wg + 1; 0 is __syncthreads).
-__device__ __forceinline__ void warpgroup_sync(int wg) { named_barrier_sync(wg + 1, 128); }
+// Barrier of the 128 threads of warpgroup wg.
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  named_barrier_sync(kWarpgroupBarrier + wg, 128);
+}
 // Keeps the compiler from moving accesses of wgmma operand registers (accumulators, A fragments)
 // across wgmma issue and wait.
 template <int kN>

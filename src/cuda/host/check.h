@@ -16,10 +16,10 @@ namespace flash_msa::cuda {
 
 }  // namespace flash_msa::cuda
 
-#define FLASH_MSA_CUDA_CHECK(expr)                                                  \
-  do {                                                                              \
-    cudaError_t flash_msa_err_ = (expr);                                            \
-    if (flash_msa_err_ != cudaSuccess)                                              \
+#define FLASH_MSA_CUDA_CHECK(expr)                                                    \
+  do {                                                                                \
+    cudaError_t flash_msa_err_ = (expr);                                              \
+    if (flash_msa_err_ != cudaSuccess)                                                \
       ::flash_msa::cuda::throw_cuda_error(flash_msa_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 

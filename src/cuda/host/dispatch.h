@@ -1,6 +1,6 @@
-// Dispatch of the main-attention entries (forward and backward) on dtype and (D, Dp) to the
-// kernels instantiated for them: the pairs supported_attention_dims accepts (limits.h), which the
-// caller has checked.
+// Dispatch of the main-attention entries (forward, backward, warmup) on dtype and (D, Dp) to the
+// kernels instantiated for them (FLASH_MSA_ATTENTION_DIMS, common/instantiate.h): the pairs
+// supported_attention_dims accepts (limits.h), which the caller has checked.
 #pragma once
 
 #include <cuda_bf16.h>

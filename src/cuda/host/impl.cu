@@ -1,28 +1,63 @@
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/common/arch.h"
+#include "cuda/host/impl.h"
 
 namespace flash_msa::cuda {
+namespace {
 
-bool hopper_kernels_usable(const void* kernel) {
-  const char* portable = std::getenv("FLASH_MSA_PORTABLE_KERNELS");
-  if (portable != nullptr && *portable != '\0' && std::strcmp(portable, "0") != 0) return false;
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      major != 9) {
+enum class Probe : int8_t { kUnknown = 0, kHopper, kPortable };
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<Probe>, kMaxDevices> probes{};
+
+// Hopper kernels can run on `device`: compute capability 9.x and sm_90a code for both kernels.
+Probe probe(int device) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return Probe::kPortable;
+  }
+  return major == 9 && sm90::sparse_forward_built() && sm90::sparse_backward_built()
+             ? Probe::kHopper
+             : Probe::kPortable;
+}
+
+bool device_runs_hopper() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
+  if (device < 0 || device >= kMaxDevices) return probe(device) == Probe::kHopper;
+  Probe known = probes[device].load(std::memory_order_relaxed);
+  if (known == Probe::kUnknown) {
+    known = probe(device);
+    probes[device].store(known, std::memory_order_relaxed);
   }
-  return attr.binaryVersion == 90;
+  return known == Probe::kHopper;
+}
+
+bool portable_forced() {
+  const char* value = std::getenv("FLASH_MSA_PORTABLE_KERNELS");
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}
+
+}  // namespace
+
+const char* kernels_name(Kernels kernels) {
+  return kernels == Kernels::kHopper ? "hopper" : "portable";
+}
+
+Kernels sparse_kernels(const Problem& problem) {
+  // The Hopper kernels are instantiated for D = 128 (forward/sm90, backward/sm90).
+  if (problem.head_dim != 128 || portable_forced() || !device_runs_hopper())
+    return Kernels::kPortable;
+  return Kernels::kHopper;
 }
 
 }  // namespace flash_msa::cuda

@@ -1,29 +1,32 @@
-// Which chip-specific kernels a launch may use, and the launch of a Hopper-only kernel.
+// Which implementation runs the sparse main kernels, and the launch of a kernel with a large
+// dynamic shared-memory plan. The choice is made once per call by the host entries and is the
+// one flash_msa::cuda::sparse_kernels reports (cuda.h); what it reads of the device is probed
+// once per device and cached, so launches do no device queries.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "cuda/common/check.h"
+#include "cuda/host/check.h"
+#include "flash_msa/cuda.h"
 
 namespace flash_msa::cuda {
 
-// True when `kernel` (a __global__ function of a Hopper-only path) can run on the current
-// device: compute capability 9.x, the binary holds sm_90 code for it, and the environment
-// variable FLASH_MSA_PORTABLE_KERNELS is unset or "0" (set it to run the portable mma.sync
-// kernels everywhere, e.g. to test them on a Hopper GPU). No device synchronisation.
-bool hopper_kernels_usable(const void* kernel);
+// The Hopper kernels' own probe (forward/sm90, backward/sm90): the binary holds sm_90a code
+// for them (false when the build's architectures leave sm_90a out).
+namespace sm90 {
+bool sparse_forward_built();
+bool sparse_backward_built();
+}  // namespace sm90
 
-// Launches kernel<<<grid, threads, bytes of dynamic shared memory, stream>>>(params) when
-// hopper_kernels_usable(kernel) and returns true; returns false, launching nothing, otherwise.
+// Launches kernel<<<grid, threads, bytes, stream>>>(params), first allowing `bytes` of dynamic
+// shared memory (above the 48 KiB default).
 template <class Params>
-bool launch_hopper(void (*kernel)(Params), unsigned grid, int threads, int bytes,
-                   const Params& params, cudaStream_t stream) {
-  if (!hopper_kernels_usable(reinterpret_cast<const void*>(kernel))) return false;
+void launch_large_smem(void (*kernel)(Params), unsigned grid, int threads, int bytes,
+                       const Params& params, cudaStream_t stream) {
   FLASH_MSA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   kernel<<<grid, threads, bytes, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
-  return true;
 }
 
 }  // namespace flash_msa::cuda

@@ -1,13 +1,15 @@
-// Host-side limits of the CUDA backend shared by the select, forward and backward entries: what
-// the kernels need beyond the backend-independent validate(). Each stage keeps the checks that
-// are its own (select's top-K bound, the attention views) in its entry file.
+// Host-side limits of the CUDA backend shared by the select, forward, backward and warmup
+// entries: what the kernels need beyond the backend-independent validate(). Select keeps its own
+// top-K bound in its entry file.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
+#include "cuda/common/instantiate.h"
 #include "flash_msa/msa.h"
 
 namespace flash_msa::cuda {
@@ -38,6 +40,24 @@ void check_vector_view(const char* name, const View4<T>& view) {
   }
 }
 
+// The views of the main-attention entries, sparse and warmup.
+inline void check_views(const ForwardParams& p) {
+  const std::pair<const char*, ConstView> views[] = {
+      {"qp", p.qp}, {"kp", p.kp}, {"q", p.q}, {"k", p.k}, {"v", p.v}};
+  for (const auto& [name, view] : views) check_vector_view(name, view);
+  check_vector_view("out", p.out);
+}
+
+inline void check_views(const BackwardParams& p) {
+  const std::pair<const char*, ConstView> inputs[] = {{"qp", p.qp},    {"kp", p.kp}, {"q", p.q},
+                                                      {"k", p.k},      {"v", p.v},   {"out", p.out},
+                                                      {"dout", p.dout}};
+  for (const auto& [name, view] : inputs) check_vector_view(name, view);
+  const std::pair<const char*, MutView> grads[] = {
+      {"dqp", p.dqp}, {"dkp", p.dkp}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}};
+  for (const auto& [name, view] : grads) check_vector_view(name, view);
+}
+
 inline void check_dtype(const Problem& pr) {
   if (pr.dtype != DType::kBFloat16 && pr.dtype != DType::kFloat16)
     limit_error("dtype", "bf16 or fp16", dtype_name(pr.dtype));
@@ -50,10 +70,11 @@ inline void check_token_count(const Problem& pr) {
                 std::to_string(pr.batch) + " * " + std::to_string(pr.seqlen));
 }
 
-// The (D, Dp) pairs the forward and backward kernels are instantiated for.
+// The (D, Dp) pairs the forward and backward kernels are instantiated for (common/instantiate.h).
 inline bool supported_attention_dims(int64_t d, int64_t dp) {
-  return (d == 32 && dp == 32) || (d == 64 && (dp == 32 || dp == 64)) ||
-         (d == 128 && (dp == 64 || dp == 128));
+#define FLASH_MSA_MATCH(T, D, DP) || (d == D && dp == DP)
+  return false FLASH_MSA_ATTENTION_DIMS(FLASH_MSA_MATCH, );
+#undef FLASH_MSA_MATCH
 }
 
 // Limits shared by the main-attention forward and backward, whose kernels hold the G main heads

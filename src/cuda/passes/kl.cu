@@ -1,11 +1,10 @@
 // The KL value (SPEC section 3) from per-block terms: the sparse path's per-row sums over the
 // valid slots, then a fixed-order reduction of the per-(b, p, i) terms to the scalar loss.
-#include "cuda/common/check.h"
-#include "cuda/forward/sm80/forward_sm80.h"
-#include "cuda/forward/sm80/sparse_sm80.h"
+#include "cuda/host/check.h"
+#include "cuda/passes/passes.h"
 #include "cuda/schedule/edges.cuh"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::passes {
 namespace {
 
 constexpr int kReduceThreads = 1024;
@@ -13,19 +12,19 @@ constexpr int kRowThreads = 256;
 
 // kl_rows[b, p, i] = sum over the valid slots of the token's KL terms, in slot order.
 __global__ void __launch_bounds__(kRowThreads) kl_rows_kernel(const MergeParams p) {
-  const int tokens = p.chunk_end - p.chunk_begin;
+  const int tokens = p.chunk.end - p.chunk.begin;
   const int64_t x = int64_t(blockIdx.x) * kRowThreads + threadIdx.x;
-  if (x >= int64_t(p.batch) * p.proxy_heads * tokens) return;
+  if (x >= int64_t(p.shape.batch) * p.shape.proxy_heads * tokens) return;
   const int t = static_cast<int>(x % tokens);
   const int64_t bp = x / tokens;
-  const int b = static_cast<int>(bp / p.proxy_heads), i = p.chunk_begin + t;
+  const int b = static_cast<int>(bp / p.shape.proxy_heads), i = p.chunk.begin + t;
   const uint64_t slots =
-      schedule::valid_slots(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
-                            __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
-  const float* part = p.kl_part + (bp * p.chunk_tokens + t) * p.top_k;
+      schedule::valid_slots(p.indices + (bp * p.shape.seqlen + i) * p.shape.top_k, p.shape.top_k,
+                            i / 128, __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128);
+  const float* part = p.kl_part + (bp * p.chunk.tokens + t) * p.shape.top_k;
   float kl = 0.f;
   for (uint64_t s = slots; s; s &= s - 1) kl += part[__ffsll(s) - 1];
-  p.kl_rows[bp * p.seqlen + i] = kl;
+  p.kl_rows[bp * p.shape.seqlen + i] = kl;
 }
 
 // One CTA: thread t sums slots t, t + 1024, ... in order (fp64), then a fixed tree; the result
@@ -47,8 +46,8 @@ __global__ void __launch_bounds__(kReduceThreads)
 }  // namespace
 
 void launch_kl_rows(const MergeParams& params, cudaStream_t stream) {
-  const int64_t threads =
-      int64_t(params.batch) * params.proxy_heads * (params.chunk_end - params.chunk_begin);
+  const int64_t threads = int64_t(params.shape.batch) * params.shape.proxy_heads *
+                          (params.chunk.end - params.chunk.begin);
   kl_rows_kernel<<<static_cast<unsigned>((threads + kRowThreads - 1) / kRowThreads), kRowThreads, 0,
                    stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
@@ -59,4 +58,4 @@ void launch_kl_reduce(const float* partial, int64_t n, float* kl, cudaStream_t s
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::passes

@@ -3,18 +3,19 @@
 // over the valid slots of its index row in slot order (so the result does not depend on how
 // the schedule ordered the work), and the proxy head's lse_proxy likewise from the proxy
 // branch's per-block partials. One thread per 8 output columns; memory-bound.
-#pragma once
-
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "cuda/common/check.h"
+#include "cuda/common/instantiate.h"
 #include "cuda/common/mma_sm80.cuh"
-#include "cuda/forward/sm80/sparse_sm80.h"
+#include "cuda/host/check.h"
+#include "cuda/passes/passes.h"
 #include "cuda/schedule/edges.cuh"
 
-namespace flash_msa::cuda::sm80::merge {
+namespace flash_msa::cuda::passes::merge {
 
 inline constexpr int kThreads = 256;
 inline constexpr float kLn2 = 0.6931471805599453f;
@@ -91,28 +92,30 @@ __device__ __forceinline__ float merge_lse2(const float* part, int64_t stride, u
 template <class T, int kD>
 __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   constexpr int kChunks = kD / 8;  // 8 columns (16 bytes of a partial row) per lane
-  const int tokens = p.chunk_end - p.chunk_begin;
+  const int tokens = p.chunk.end - p.chunk.begin;
   int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   // Lanes past the end stay (on the last row) for the segment's shuffles but store nothing.
-  const int64_t total = int64_t(p.batch) * p.proxy_heads * tokens * p.group * kChunks;
+  const int64_t total =
+      int64_t(p.shape.batch) * p.shape.proxy_heads * tokens * p.shape.group * kChunks;
   const bool live = x < total;
   x = min(x, total - 1);
   const int chunk = static_cast<int>(x % kChunks);
   x /= kChunks;
-  const int g = static_cast<int>(x % p.group);
-  x /= p.group;
+  const int g = static_cast<int>(x % p.shape.group);
+  x /= p.shape.group;
   const int t = static_cast<int>(x % tokens);
   const int64_t bp = x / tokens;
-  const int b = static_cast<int>(bp / p.proxy_heads),
-            head = static_cast<int>(bp % p.proxy_heads) * p.group + g;
-  const int i = p.chunk_begin + t;
+  const int b = static_cast<int>(bp / p.shape.proxy_heads),
+            head = static_cast<int>(bp % p.shape.proxy_heads) * p.shape.group + g;
+  const int i = p.chunk.begin + t;
 
-  const uint64_t slots =
-      valid_slots<kChunks>(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
-                           __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128, chunk);
-  const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;  // chunk-local edge of slot 0
+  const uint64_t slots = valid_slots<kChunks>(
+      p.indices + (bp * p.shape.seqlen + i) * p.shape.top_k, p.shape.top_k, i / 128,
+      __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128, chunk);
+  const int64_t ce0 = (bp * p.chunk.tokens + t) * p.shape.top_k;  // chunk-local edge of slot 0
   float w[64 / kChunks], v_proxy[64 / kChunks];
-  const float lse2 = merge_lse2<kChunks>(p.lse_part + ce0 * p.group + g, p.group, slots, chunk, w);
+  const float lse2 =
+      merge_lse2<kChunks>(p.lse_part + ce0 * p.shape.group + g, p.shape.group, slots, chunk, w);
   const float lse_p2 = merge_lse2<kChunks>(p.lse_p_part + ce0, 1, slots, chunk, v_proxy);
 #pragma unroll
   for (int j = 0; j < 64 / kChunks; ++j) w[j] = fast_exp2(w[j] - lse2);  // 0 where not valid
@@ -122,14 +125,14 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   float acc[8] = {};
 #pragma unroll
   for (int j = 0; j < 64 / kChunks; ++j) {
-    if (kChunks * j >= p.top_k) break;
+    if (kChunks * j >= p.shape.top_k) break;
 #pragma unroll
     for (int u = 0; u < kChunks; ++u) {
       const int k = kChunks * j + u;
       const float wk = __shfl_sync(0xffffffffu, w[j], u, kChunks);
       if (!((slots >> k) & 1)) continue;
       const uint4 v = reinterpret_cast<const uint4*>(static_cast<const T*>(p.o_part) +
-                                                     ((ce0 + k) * p.group + g) * kD)[chunk];
+                                                     ((ce0 + k) * p.shape.group + g) * kD)[chunk];
       const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -145,22 +148,26 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
 #pragma unroll
   for (int e = 0; e < 4; ++e)
     *reinterpret_cast<uint32_t*>(out + 8 * e) = Elem<T>::pack(acc[2 * e], acc[2 * e + 1]);
-  if (chunk == 0) p.lse[(int64_t(b) * p.heads + head) * p.seqlen + i] = lse2 * kLn2;
-  if (chunk == 0 && g == 0) p.lse_proxy[bp * p.seqlen + i] = lse_p2 * kLn2;
+  if (chunk == 0) p.lse[(int64_t(b) * p.shape.heads + head) * p.shape.seqlen + i] = lse2 * kLn2;
+  if (chunk == 0 && g == 0) p.lse_proxy[bp * p.shape.seqlen + i] = lse_p2 * kLn2;
 }
 
-}  // namespace flash_msa::cuda::sm80::merge
+}  // namespace flash_msa::cuda::passes::merge
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::passes {
 
 template <class T, int kD>
 void launch_merge(const MergeParams& params, cudaStream_t stream) {
-  const int64_t threads = int64_t(params.batch) * params.proxy_heads *
-                          (params.chunk_end - params.chunk_begin) * params.group * (kD / 8);
+  const int64_t threads = int64_t(params.shape.batch) * params.shape.proxy_heads *
+                          (params.chunk.end - params.chunk.begin) * params.shape.group * (kD / 8);
   merge::merge_kernel<T, kD>
       <<<static_cast<unsigned>((threads + merge::kThreads - 1) / merge::kThreads), merge::kThreads,
          0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-}  // namespace flash_msa::cuda::sm80
+#define FLASH_MSA_PASS_DIM(T, D) template void launch_merge<T, D>(const MergeParams&, cudaStream_t);
+FLASH_MSA_HEAD_DIMS(FLASH_MSA_PASS_DIM, __nv_bfloat16)
+FLASH_MSA_HEAD_DIMS(FLASH_MSA_PASS_DIM, __half)
+
+}  // namespace flash_msa::cuda::passes

@@ -7,12 +7,12 @@
 
 #include <cstdint>
 
-#include "cuda/backward/sm80/sparse_sm80.h"
-#include "cuda/common/check.h"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/host/check.h"
+#include "cuda/passes/passes.h"
 #include "cuda/schedule/edges.cuh"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::passes {
 namespace {
 
 constexpr int kThreads = 256;
@@ -24,21 +24,21 @@ unsigned blocks_for(int64_t threads) {
 // D / 8 lanes per (b, h, i) row (an aligned segment of the warp), 16 bytes of out and dout each.
 template <class T>
 __global__ void __launch_bounds__(kThreads) delta_kernel(const DeltaParams p) {
-  const int lanes = p.head_dim / 8;
-  const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
+  const int lanes = p.shape.head_dim / 8;
+  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.seqlen;
   const int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   // Lanes past the end stay (on the last row) for the segment's shuffles but store nothing.
   const int64_t row = min(x / lanes, rows - 1);
   const int c = static_cast<int>(x % lanes) * 8;
-  const int i = static_cast<int>(row % p.seqlen);
-  const int64_t bh = row / p.seqlen;
-  const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-  const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.out.data) +
-                                                  b * p.out.stride_b + h * p.out.stride_h +
-                                                  i * p.out.stride_s + c);
-  const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout.data) +
-                                                  b * p.dout.stride_b + h * p.dout.stride_h +
-                                                  i * p.dout.stride_s + c);
+  const int i = static_cast<int>(row % p.shape.seqlen);
+  const int64_t bh = row / p.shape.seqlen;
+  const int b = static_cast<int>(bh / p.shape.heads), h = static_cast<int>(bh % p.shape.heads);
+  const uint4 o =
+      *reinterpret_cast<const uint4*>(static_cast<const T*>(p.out.data) + b * p.out.stride_b +
+                                      h * p.out.stride_h + i * p.out.stride_s + c);
+  const uint4 d =
+      *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout.data) + b * p.dout.stride_b +
+                                      h * p.dout.stride_h + i * p.dout.stride_s + c);
   const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
   float sum = 0.f;
 #pragma unroll
@@ -72,27 +72,28 @@ __device__ __forceinline__ void load_octet(const T* src, float (&v)[8]) {
 // One thread per 8 positions (four column pairs, fragment order) of one (b, p, token, g) row.
 template <class T, class Part>
 __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceParams p) {
-  const int octets = p.width / 8, tokens = p.chunk_end - p.chunk_begin;
+  const int octets = p.width / 8, tokens = p.chunk.end - p.chunk.begin;
   int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (x >= int64_t(p.batch) * p.proxy_heads * tokens * p.rows * octets) return;
+  if (x >= int64_t(p.shape.batch) * p.shape.proxy_heads * tokens * p.rows * octets) return;
   const int j = static_cast<int>(x % octets);
   x /= octets;
   const int g = static_cast<int>(x % p.rows);
   x /= p.rows;
   const int t = static_cast<int>(x % tokens);
   const int64_t bp = x / tokens;
-  const int b = static_cast<int>(bp / p.proxy_heads), ph = static_cast<int>(bp % p.proxy_heads);
-  const int i = p.chunk_begin + t;
+  const int b = static_cast<int>(bp / p.shape.proxy_heads),
+            ph = static_cast<int>(bp % p.shape.proxy_heads);
+  const int i = p.chunk.begin + t;
   float acc[8] = {};
   if (p.part) {
     const uint64_t slots =
-        schedule::valid_slots(p.indices + (bp * p.seqlen + i) * p.top_k, p.top_k, i / 128,
-                              __ldg(p.doc_start + int64_t(b) * p.seqlen + i) / 128);
-    const int64_t ce0 = (bp * p.chunk_tokens + t) * p.top_k;
+        schedule::valid_slots(p.indices + (bp * p.shape.seqlen + i) * p.shape.top_k, p.shape.top_k,
+                              i / 128, __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128);
+    const int64_t ce0 = (bp * p.chunk.tokens + t) * p.shape.top_k;
     const Part* part = static_cast<const Part*>(p.part) + g * p.width + 8 * j;
     // Independent iterations, unrolled so that several loads are in flight.
 #pragma unroll 4
-    for (int k = 0; k < p.top_k; ++k) {
+    for (int k = 0; k < p.shape.top_k; ++k) {
       if (!((slots >> k) & 1)) continue;
       float v[8];
       load_octet(part + (ce0 + k) * p.rows * p.width, v);
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
 __global__ void __launch_bounds__(kThreads) keys_reduce_kernel(const KeysReduceParams p) {
   const int quads = p.width / 4;
   int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (x >= int64_t(p.batch) * p.out_heads * p.keys * quads) return;
+  if (x >= int64_t(p.shape.batch) * p.out_heads * p.keys * quads) return;
   const int col = static_cast<int>(x % quads) * 4;
   x /= quads;
   const int j = static_cast<int>(x % p.keys);
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) keys_reduce_kernel(const KeysReduceP
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   bool any = false;
   for (int ph = c * p.heads_per_out; ph < (c + 1) * p.heads_per_out; ++ph) {
-    const int64_t bucket = (int64_t(b) * p.proxy_heads + ph) * p.num_blocks + j / 128;
+    const int64_t bucket = (int64_t(b) * p.shape.proxy_heads + ph) * p.shape.num_blocks + j / 128;
     const int end = __ldg(p.items.item_begin + bucket + 1);
     for (int item = __ldg(p.items.item_begin + bucket); item < end; ++item) {
       const float4 v = *reinterpret_cast<const float4*>(
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) keys_reduce_kernel(const KeysReduceP
     }
   }
   if (!any) return;
-  float4* dst = reinterpret_cast<float4*>(p.acc + (bc * p.seqlen + j) * p.width + col);
+  float4* dst = reinterpret_cast<float4*>(p.acc + (bc * p.shape.seqlen + j) * p.width + col);
   float4 d = *dst;
   d.x += acc.x;
   d.y += acc.y;
@@ -147,12 +148,12 @@ template <class T>
 __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStoreParams p) {
   const int quads = p.width / 4;
   int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (x >= int64_t(p.batch) * p.heads * p.seqlen * quads) return;
+  if (x >= int64_t(p.shape.batch) * p.out_heads * p.shape.seqlen * quads) return;
   const int col = static_cast<int>(x % quads) * 4;
   const int64_t row = x / quads;
-  const int j = static_cast<int>(row % p.seqlen);
-  const int64_t bh = row / p.seqlen;
-  const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+  const int j = static_cast<int>(row % p.shape.seqlen);
+  const int64_t bh = row / p.shape.seqlen;
+  const int b = static_cast<int>(bh / p.out_heads), h = static_cast<int>(bh % p.out_heads);
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (p.acc) v = *reinterpret_cast<const float4*>(p.acc + row * p.width + col);
   T* dst = static_cast<T*>(p.dst.data) + b * p.dst.stride_b + h * p.dst.stride_h +
@@ -165,16 +166,16 @@ __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStorePar
 
 template <class T>
 void launch_delta(const DeltaParams& params, cudaStream_t stream) {
-  delta_kernel<T><<<blocks_for(int64_t(params.batch) * params.heads * params.seqlen *
-                               (params.head_dim / 8)),
+  delta_kernel<T><<<blocks_for(int64_t(params.shape.batch) * params.shape.heads *
+                               params.shape.seqlen * (params.shape.head_dim / 8)),
                     kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
 template <class T, class Part>
 void launch_rows_reduce(const RowsReduceParams& params, cudaStream_t stream) {
-  const int64_t threads = int64_t(params.batch) * params.proxy_heads *
-                          (params.chunk_end - params.chunk_begin) * params.rows *
+  const int64_t threads = int64_t(params.shape.batch) * params.shape.proxy_heads *
+                          (params.chunk.end - params.chunk.begin) * params.rows *
                           (params.width / 8);
   rows_reduce_kernel<T, Part><<<blocks_for(threads), kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
@@ -182,25 +183,26 @@ void launch_rows_reduce(const RowsReduceParams& params, cudaStream_t stream) {
 
 void launch_keys_reduce(const KeysReduceParams& params, cudaStream_t stream) {
   const int64_t threads =
-      int64_t(params.batch) * params.out_heads * params.keys * (params.width / 4);
+      int64_t(params.shape.batch) * params.out_heads * params.keys * (params.width / 4);
   keys_reduce_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
 template <class T>
 void launch_keys_store(const KeysStoreParams& params, cudaStream_t stream) {
-  const int64_t threads = int64_t(params.batch) * params.heads * params.seqlen * (params.width / 4);
+  const int64_t threads =
+      int64_t(params.shape.batch) * params.out_heads * params.shape.seqlen * (params.width / 4);
   keys_store_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-#define FLASH_MSA_INSTANTIATE(T)                                                     \
+#define FLASH_MSA_REDUCE_TYPES(T)                                                    \
   template void launch_delta<T>(const DeltaParams&, cudaStream_t);                   \
   template void launch_rows_reduce<T, T>(const RowsReduceParams&, cudaStream_t);     \
   template void launch_rows_reduce<T, float>(const RowsReduceParams&, cudaStream_t); \
   template void launch_keys_store<T>(const KeysStoreParams&, cudaStream_t);
-FLASH_MSA_INSTANTIATE(__nv_bfloat16)
-FLASH_MSA_INSTANTIATE(__half)
-#undef FLASH_MSA_INSTANTIATE
+FLASH_MSA_REDUCE_TYPES(__nv_bfloat16)
+FLASH_MSA_REDUCE_TYPES(__half)
+#undef FLASH_MSA_REDUCE_TYPES
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::passes

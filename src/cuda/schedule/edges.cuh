@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/shape.h"
 #include "cuda/schedule/schedule.h"
 
 namespace flash_msa::cuda::schedule {
@@ -33,23 +34,29 @@ __device__ __forceinline__ int entry_slot(uint64_t entry) {
 }
 
 // Where the partial results of `entry` (of bucket row bp = b * Hp + p) live in a chunk's
-// buffers: the chunk-local edge ((b * Hp + p) * chunk_tokens + token - chunk_begin) * K + slot.
-__device__ __forceinline__ int64_t chunk_edge(int bp, int chunk_tokens, int chunk_begin, int top_k,
+// buffers: the chunk-local edge ((b * Hp + p) * chunk.tokens + token - chunk.begin) * K + slot.
+__device__ __forceinline__ int64_t chunk_edge(int bp, const Chunk& chunk, int top_k,
                                               uint64_t entry) {
-  return (int64_t(bp) * chunk_tokens + entry_token(entry) - chunk_begin) * top_k +
+  return (int64_t(bp) * chunk.tokens + entry_token(entry) - chunk.begin) * top_k +
          entry_slot(entry);
 }
 
-// A work item: entries [begin, end) of bucket (bp, block), bp = b * Hp + p.
+// A work item: entries [begin, end) of bucket (bp, block), bp = b * Hp + p, and where its
+// block and heads start.
 struct Item {
   int bp, block, begin, end;
+  int b;      // batch row
+  int ph;     // proxy head p
+  int head0;  // first main head of the proxy group, p * G
+  int key0;   // first key of the block, block * 128
 };
 
-// Item `item` of a chunk, or false past the chunk's last item.
-__device__ __forceinline__ bool find_item(const Items& items, int buckets, int num_blocks, int item,
+// The prologue of every key-block-outer kernel: item `item` of a chunk, or false past the
+// chunk's last item (the CTA then has nothing to do).
+__device__ __forceinline__ bool find_item(const Items& items, const KernelShape& shape, int item,
                                           Item& out) {
-  if (item >= __ldg(items.item_begin + buckets)) return false;
-  int lo = 0, hi = buckets;  // item_begin[lo] <= item < item_begin[hi]
+  if (item >= __ldg(items.item_begin + shape.buckets)) return false;
+  int lo = 0, hi = shape.buckets;  // item_begin[lo] <= item < item_begin[hi]
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
     if (__ldg(items.item_begin + mid) <= item)
@@ -59,8 +66,16 @@ __device__ __forceinline__ bool find_item(const Items& items, int buckets, int n
   }
   const int begin =
       __ldg(items.range_begin + lo) + (item - __ldg(items.item_begin + lo)) * kItemTokens;
-  out = {lo / num_blocks, lo % num_blocks, begin,
-         min(begin + kItemTokens, __ldg(items.range_end + lo))};
+  const int bp = lo / shape.num_blocks, block = lo % shape.num_blocks;
+  const int ph = bp % shape.proxy_heads;
+  out = {bp,
+         block,
+         begin,
+         min(begin + kItemTokens, __ldg(items.range_end + lo)),
+         bp / shape.proxy_heads,
+         ph,
+         ph * shape.group,
+         block * 128};
   return true;
 }
 
@@ -73,18 +88,17 @@ struct ItemRows {
 };
 
 // Fills `rows` for `item` with threads [0, kThreads); the caller synchronises before reading.
-// Params: a sparse kernel's parameters (index, seqlen, proxy_heads, chunk_tokens, chunk_begin,
-// top_k).
+// Params: a sparse kernel's parameters (index, shape, chunk).
 template <int kThreads, class Params>
 __device__ __forceinline__ void load_item_rows(ItemRows& rows, const Item& item, const Params& p,
                                                int thread) {
-  const int32_t* doc_start = p.index.doc_start + int64_t(item.bp / p.proxy_heads) * p.seqlen;
+  const int32_t* doc_start = p.index.doc_start + int64_t(item.b) * p.shape.seqlen;
   for (int t = thread; t < item.end - item.begin; t += kThreads) {
     const uint64_t entry = p.index.entries[item.begin + t];
     const int token = entry_token(entry);
     rows.token[t] = token;
     rows.first[t] = __ldg(doc_start + token);
-    rows.edge[t] = chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
+    rows.edge[t] = chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
   }
 }
 

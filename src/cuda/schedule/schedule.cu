@@ -6,8 +6,8 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
-#include "cuda/common/check.h"
-#include "cuda/common/workspace.h"
+#include "cuda/host/check.h"
+#include "cuda/host/plan.h"
 #include "cuda/schedule/edges.cuh"
 #include "cuda/schedule/schedule.h"
 

@@ -1,13 +1,14 @@
 // Host entry of the proxy select stage (SPEC section 1): validation, the CUDA backend's own
-// limits, and dispatch on dtype and proxy head dim to the portable sm80 kernel.
+// limits, and dispatch on dtype and proxy head dim to the portable kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 #include <string>
 
-#include "cuda/common/limits.h"
-#include "cuda/select/sm80/select_sm80.h"
+#include "cuda/host/limits.h"
+#include "cuda/host/plan.h"
+#include "cuda/select/portable/select_portable.h"
 #include "flash_msa/cuda.h"
 
 namespace flash_msa::cuda {
@@ -18,8 +19,8 @@ void check_limits(const SelectParams& params) {
   check_dtype(pr);
   if (pr.proxy_head_dim != 32 && pr.proxy_head_dim != 64 && pr.proxy_head_dim != 128)
     limit_error("proxy_head_dim", "32, 64 or 128", std::to_string(pr.proxy_head_dim));
-  if (pr.top_k > sm80::kMaxTopK)
-    limit_error("top_k", "at most " + std::to_string(sm80::kMaxTopK) + " blocks",
+  if (pr.top_k > portable::kMaxTopK)
+    limit_error("top_k", "at most " + std::to_string(portable::kMaxTopK) + " blocks",
                 std::to_string(pr.top_k));
   check_token_count(pr);
   const int64_t tiles = (pr.seqlen + kBlockSize - 1) / kBlockSize;
@@ -31,16 +32,16 @@ void check_limits(const SelectParams& params) {
 }
 
 template <class T>
-void dispatch_dp(const sm80::SelectKernelParams& kp, int64_t dp, cudaStream_t stream) {
+void dispatch_dp(const portable::SelectKernelParams& kp, int64_t dp, cudaStream_t stream) {
   switch (dp) {
     case 32:
-      sm80::launch_select<T, 32>(kp, stream);
+      portable::launch_select<T, 32>(kp, stream);
       break;
     case 64:
-      sm80::launch_select<T, 64>(kp, stream);
+      portable::launch_select<T, 64>(kp, stream);
       break;
     default:
-      sm80::launch_select<T, 128>(kp, stream);
+      portable::launch_select<T, 128>(kp, stream);
       break;
   }
 }
@@ -56,19 +57,12 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
   validate(params);
   check_limits(params);
   const Problem& pr = params.problem;
-  const sm80::SelectKernelParams kp{
+  const portable::SelectKernelParams kp{
       .qp = params.qp,
       .kp = params.kp,
       .indices = params.indices,
       .cu_seqlens = pr.cu_seqlens,
-      .num_docs = static_cast<int>(pr.num_docs),
-      .batch = static_cast<int>(pr.batch),
-      .seqlen = static_cast<int>(pr.seqlen),
-      .proxy_heads = static_cast<int>(pr.proxy_heads),
-      .proxy_group = static_cast<int>(pr.proxy_heads / pr.proxy_kv_heads),
-      .top_k = static_cast<int>(pr.top_k),
-      .num_tiles = static_cast<int>((pr.seqlen + kBlockSize - 1) / kBlockSize),
-      .proxy_scale = pr.proxy_scale,
+      .shape = kernel_shape(pr),
   };
   if (pr.dtype == DType::kBFloat16) {
     dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, stream);

@@ -1,15 +1,5 @@
-// Sparse backward instantiations for bf16 inputs, one per head dim and mode (gradients, or the
-// teacher alone for the forward's KL value).
-#include "cuda/backward/sm80/sparse_kernel.cuh"
+// Portable sparse backward for bf16 inputs, one instantiation per head dim (gradient
+// mode; passes/teacher.cu instantiates the teacher mode).
+#include "cuda/backward/portable/sparse_kernel.cuh"
 
-namespace flash_msa::cuda::sm80 {
-
-#define FLASH_MSA_INSTANTIATE(D)                                                                 \
-  template void launch_sparse_backward<__nv_bfloat16, D, false>(const SparseBackwardParams&, cudaStream_t); \
-  template void launch_sparse_backward<__nv_bfloat16, D, true>(const SparseBackwardParams&, cudaStream_t);
-FLASH_MSA_INSTANTIATE(32)
-FLASH_MSA_INSTANTIATE(64)
-FLASH_MSA_INSTANTIATE(128)
-#undef FLASH_MSA_INSTANTIATE
-
-}  // namespace flash_msa::cuda::sm80
+FLASH_MSA_INSTANTIATE(FLASH_MSA_HEAD_DIMS, FLASH_MSA_SPARSE_BACKWARD_DIM, __nv_bfloat16)

@@ -1,5 +1,5 @@
 // Portable (mma.sync) sparse main-attention backward of MSA (SPEC section 4), key-block-outer
-// like the forward (forward/sm80/sparse_kernel.cuh): one CTA per work item of the schedule keeps
+// like the forward (forward/portable/sparse_kernel.cuh): one CTA per work item of the schedule keeps
 // block n's K and V in shared memory and dK, dV of the block in registers, and streams 64-row
 // tiles of floor(64 / G) tokens x G heads (Q and dO double-buffered):
 //   S = Q K^T, dP = dO V^T                     (8 warps as 4 x 2: 16 rows x 64 keys each)
@@ -9,7 +9,7 @@
 // and, when the proxy gradients or the KL value need it, the teacher of each token,
 // t = mean over the G heads of P (SPEC section 3), stored per edge for the proxy kernel.
 // Nothing is accumulated across CTAs here: dQ is summed over each token's slots and dK, dV over
-// a block's items by fixed-order reductions (sparse_reduce.cu), so the gradients are bitwise
+// a block's items by fixed-order reductions (passes/reduce.cu), so the gradients are bitwise
 // reproducible. Scales are applied there too.
 #pragma once
 
@@ -18,12 +18,13 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/backward/sm80/sparse_sm80.h"
-#include "cuda/common/check.h"
+#include "cuda/backward/portable/sparse_portable.h"
+#include "cuda/host/check.h"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/schedule/edges.cuh"
+#include "cuda/common/instantiate.h"
 
-namespace flash_msa::cuda::sm80::sparse_backward {
+namespace flash_msa::cuda::portable::sparse_backward {
 
 inline constexpr int kThreads = 256;  // 8 warps
 inline constexpr int kRows = 64;      // rows of a query tile
@@ -60,39 +61,38 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
   constexpr int kHalfD = kD / 2;
 
   schedule::Item item;
-  if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
+  if (!schedule::find_item(p.items, p.shape, blockIdx.x, item)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
-  const int key0 = item.block * kKeys;
-  const int kv = head0 / p.kv_group;
+  const int b = item.b, head0 = item.head0, key0 = item.key0;
+  const int kv = head0 / p.shape.kv_group;
   const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kv * p.k.stride_h;
   const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kv * p.v.stride_h;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
   const T* dout =
       static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
   const uint64_t* entries = p.index.entries;
-  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
-  const int64_t stats = (int64_t(b) * p.heads + head0) * p.seqlen;  // lse / delta of head0
+  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.shape.seqlen;
+  const int64_t stats = (int64_t(b) * p.shape.heads + head0) * p.shape.seqlen;  // lse / delta of head0
 
   copy_rows_async<kKeys, kD, kThreads>(
-      s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k);
+      s_k, [&](int r) { return key0 + r < p.shape.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k);
   if (!kTeacherOnly)
     copy_rows_async<kKeys, kD, kThreads>(
-        s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; },
+        s_v, [&](int r) { return key0 + r < p.shape.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; },
         v);
   cp_async_commit();
 
-  const int tile_tokens = kRows / p.group;
+  const int tile_tokens = kRows / p.shape.group;
   auto load_tile = [&](int e0, int buf) {
     auto token_of = [&](int r) {  // the token of tile row r, or -1 past the item
-      const int t = r / p.group;
+      const int t = r / p.shape.group;
       return t < tile_tokens && e0 + t < item.end ? schedule::entry_token(entries[e0 + t]) : -1;
     };
     copy_rows_async<kRows, kD, kThreads>(
         smem + Smem::kQ + buf * kRows * kD,
         [&](int r) -> const T* {
           const int token = token_of(r);
-          return token < 0 ? nullptr : q + (r % p.group) * p.q.stride_h + token * p.q.stride_s;
+          return token < 0 ? nullptr : q + (r % p.shape.group) * p.q.stride_h + token * p.q.stride_s;
         },
         q);
     if (!kTeacherOnly)
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
           [&](int r) -> const T* {
             const int token = token_of(r);
             return token < 0 ? nullptr
-                             : dout + (r % p.group) * p.dout.stride_h + token * p.dout.stride_s;
+                             : dout + (r % p.shape.group) * p.dout.stride_h + token * p.dout.stride_s;
           },
           dout);
     cp_async_commit();
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
     const T* s_q = smem + Smem::kQ + buf * kRows * kD;
     const T* s_dout = smem + Smem::kDout + buf * kRows * kD;
     const int live_tokens = min(tile_tokens, item.end - e0);
-    const int live_rows = live_tokens * p.group;
+    const int live_rows = live_tokens * p.shape.group;
 
     float s[1][8][4];
     zero(s);
@@ -145,9 +145,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       lse2[h] = 0.f;
       delta[h] = 0.f;
       if (r < live_rows) {
-        query[h] = schedule::entry_token(entries[e0 + r / p.group]);
+        query[h] = schedule::entry_token(entries[e0 + r / p.shape.group]);
         first[h] = __ldg(doc_start + query[h]);
-        const int64_t at = stats + int64_t(r % p.group) * p.seqlen + query[h];
+        const int64_t at = stats + int64_t(r % p.shape.group) * p.shape.seqlen + query[h];
         lse2[h] = __ldg(p.lse + at) * kLog2e;
         if (!kTeacherOnly) delta[h] = __ldg(p.delta + at);
       }
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
         for (int e = 0; e < 2; ++e) {
           const int key = key0 + col + e;
           const bool visible = key <= query[h] && key >= first[h];
-          pr[e] = visible ? exp2f(s[0][nt][2 * h + e] * p.scale_log2 - lse2[h]) : 0.f;
+          pr[e] = visible ? exp2f(s[0][nt][2 * h + e] * p.shape.scale_log2 - lse2[h]) : 0.f;
           ds[e] = kTeacherOnly ? 0.f : pr[e] * (dp[0][nt][2 * h + e] - delta[h]);
         }
         const int r = 16 * wm + 8 * h + lane / 4;
@@ -173,15 +173,15 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
     __syncthreads();
 
     if (p.teacher) {
-      const float inv_group = 1.f / p.group;
+      const float inv_group = 1.f / p.shape.group;
       for (int x = threadIdx.x; x < live_tokens * kKeys; x += kThreads) {
         const int t = x / kKeys, col = x % kKeys;
         float sum = 0.f;
-        for (int g = 0; g < p.group; ++g)
-          sum += Elem<T>::to_float(s_p[tile_offset<kKeys>(t * p.group + g, col & ~7) + (col & 7)]);
+        for (int g = 0; g < p.shape.group; ++g)
+          sum += Elem<T>::to_float(s_p[tile_offset<kKeys>(t * p.shape.group + g, col & ~7) + (col & 7)]);
         const uint64_t entry = entries[e0 + t];
         const int64_t ce =
-            schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
+            schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
         p.teacher[ce * kKeys + col] = sum * inv_group;
       }
     }
@@ -199,15 +199,15 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * wm + 8 * h + lane / 4;
       if (r >= live_rows) continue;
-      const uint64_t entry = entries[e0 + r / p.group];
+      const uint64_t entry = entries[e0 + r / p.shape.group];
       const int64_t ce =
-          schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
+          schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
       uint32_t words[kHalfD / 8];  // column tiles kHalfD / 8 wn .. (fragment order)
 #pragma unroll
       for (int nt = 0; nt < kHalfD / 8; ++nt)
         words[nt] = Elem<T>::pack(dq[0][nt][2 * h], dq[0][nt][2 * h + 1]);
       store_fragment_row<kHalfD / 8, 1>(
-          static_cast<T*>(p.dq_part) + (ce * p.group + r % p.group) * kD, lane % 4,
+          static_cast<T*>(p.dq_part) + (ce * p.shape.group + r % p.shape.group) * kD, lane % 4,
           (kHalfD / 8) * wn, words);
     }
   }
@@ -230,9 +230,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
   }
 }
 
-}  // namespace flash_msa::cuda::sm80::sparse_backward
+}  // namespace flash_msa::cuda::portable::sparse_backward
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 template <class T, int kD, bool kTeacherOnly>
 void launch_sparse_backward(const SparseBackwardParams& params, cudaStream_t stream) {
@@ -245,4 +245,8 @@ void launch_sparse_backward(const SparseBackwardParams& params, cudaStream_t str
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable
+
+// One explicit instantiation for element type T (FLASH_MSA_INSTANTIATE, common/instantiate.h).
+#define FLASH_MSA_SPARSE_BACKWARD_DIM(T, D) \
+  template void launch_sparse_backward<T, D, false>(const SparseBackwardParams&, cudaStream_t);

@@ -1,5 +1,5 @@
 // Hopper (wgmma) sparse main-attention backward of MSA (SPEC section 4), the same algorithm,
-// work items and outputs as the portable kernel (backward/sm80/sparse_kernel.cuh: dQ per edge,
+// work items and outputs as the portable kernel (backward/portable/sparse_kernel.cuh: dQ per edge,
 // dK and dV per item, the teacher per edge), so the reductions that follow are shared.
 //
 // One CTA takes a work item and keeps K_n, V_n of its block in shared memory, and the item's
@@ -57,7 +57,7 @@ __device__ __forceinline__ void store_pair(unsigned char* tile, int r, int col, 
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::SparseBackwardParams p) {
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const portable::SparseBackwardParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Smem = SharedMemory;
   extern __shared__ unsigned char smem_raw[];
@@ -69,22 +69,21 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
   unsigned char* s_ds = smem + Smem::kDs;
 
   schedule::Item item;
-  if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
+  if (!schedule::find_item(p.items, p.shape, blockIdx.x, item)) return;
   const int wg = warpgroup_index(), warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
-  const int key0 = item.block * kKeys;
-  const int kv = head0 / p.kv_group;
+  const int b = item.b, head0 = item.head0, key0 = item.key0;
+  const int kv = head0 / p.shape.kv_group;
   const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kv * p.k.stride_h;
   const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kv * p.v.stride_h;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
   const T* dout =
       static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
-  const int64_t stats = (int64_t(b) * p.heads + head0) * p.seqlen;  // lse / delta of head0
+  const int64_t stats = (int64_t(b) * p.shape.heads + head0) * p.shape.seqlen;  // lse / delta of head0
 
   // Keys past the sequence: zeros (their address clamped to the last key).
   auto key_row = [&](int r, bool& valid) {
-    valid = key0 + r < p.seqlen;
-    return min(key0 + r, p.seqlen - 1);
+    valid = key0 + r < p.shape.seqlen;
+    return min(key0 + r, p.shape.seqlen - 1);
   };
   copy_rows_sw128<kKeys, kD, kThreads>(
       smem + Smem::kK, [&](int r, bool& valid) { return k + key_row(r, valid) * p.k.stride_s; },
@@ -94,11 +93,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       threadIdx.x);
   cp_async_commit();
   schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
-  schedule::fill_tile_rows<kRows, kThreads>(tile_rows, p.group, threadIdx.x);
+  schedule::fill_tile_rows<kRows, kThreads>(tile_rows, p.shape.group, threadIdx.x);
   __syncthreads();  // the item's and the tile's rows are in place
 
   const int item_rows = item.end - item.begin;
-  const int tile_tokens = kRows / p.group;
+  const int tile_tokens = kRows / p.shape.group;
   // Tile row r of the tile at item row t0: head head0 + tile_rows.row[r].head, token
   // row_token(t0, r, valid).
   auto row_token = [&](int t0, int r, bool& valid) {
@@ -123,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       const int r = threadIdx.x % kRows, which = threadIdx.x / kRows;
       bool valid;
       const uint32_t token = row_token(t0, r, valid);
-      const int64_t at = stats + int64_t(tile_rows.row[r].head) * p.seqlen + token;
+      const int64_t at = stats + int64_t(tile_rows.row[r].head) * p.shape.seqlen + token;
       cp_async_4(&row_stats[buf][which][r], (which == 0 ? p.lse : p.delta) + at, valid);
     }
     cp_async_commit();
@@ -201,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
         float pr[2], ds[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          pr[e] = fast_exp2(fmaf(s[4 * c + 2 * h + e], p.scale_log2, -lse2[h]));
+          pr[e] = fast_exp2(fmaf(s[4 * c + 2 * h + e], p.shape.scale_log2, -lse2[h]));
           ds[e] = pr[e] * (dp[4 * c + 2 * h + e] - delta[h]);
         }
         const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * c + 2 * (lane % 4);
@@ -233,13 +232,13 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
     // The teacher: the mean over the G heads of P, per token and key, from shared memory; a
     // thread sums keys col, col + 1 of a token.
     if (p.teacher) {
-      const float inv_group = 1.f / p.group;
+      const float inv_group = 1.f / p.shape.group;
       for (int x = threadIdx.x; x < live_tokens * kKeys / 2; x += kThreads) {
         const int t = x / (kKeys / 2), col = 2 * (x % (kKeys / 2));
         float2 sum = {0.f, 0.f};
-        for (int g = 0; g < p.group; ++g) {
+        for (int g = 0; g < p.shape.group; ++g) {
           const float2 pair = Elem<T>::unpack(*reinterpret_cast<const uint32_t*>(
-              s_p + sw128_offset<kRows>(t * p.group + g, col / 8) + (col % 8) * 2));
+              s_p + sw128_offset<kRows>(t * p.shape.group + g, col / 8) + (col % 8) * 2));
           sum.x += pair.x;
           sum.y += pair.y;
         }
@@ -261,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
       for (int j = 0; j < 8; ++j)
         words[j] = Elem<T>::pack(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
       store_fragment_row<8, 1>(
-          static_cast<T*>(p.dq_part) + (rows.edge[t0 + token] * p.group + head) * kD, lane % 4,
+          static_cast<T*>(p.dq_part) + (rows.edge[t0 + token] * p.shape.group + head) * kD, lane % 4,
           8 * wg, words);
     }
   }
@@ -281,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
     }
   }
 #else
-  __trap();  // built without sm_90a code; launch_sparse_backward does not launch it then
+  __trap();  // built without sm_90a code: sparse_kernels() never picks it then
 #endif
 }
 
@@ -290,10 +289,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const sm80::Spars
 namespace flash_msa::cuda::sm90 {
 
 template <class T>
-bool launch_sparse_backward(const sm80::SparseBackwardParams& params, cudaStream_t stream) {
-  return launch_hopper(sparse_backward::backward_kernel<T>,
-                       static_cast<unsigned>(params.items.max_items), sparse_backward::kThreads,
-                       sparse_backward::SharedMemory::kBytes, params, stream);
+void launch_sparse_backward(const portable::SparseBackwardParams& params, cudaStream_t stream) {
+  launch_large_smem(sparse_backward::backward_kernel<T>,
+                    static_cast<unsigned>(params.items.max_items), sparse_backward::kThreads,
+                    sparse_backward::SharedMemory::kBytes, params, stream);
 }
 
 }  // namespace flash_msa::cuda::sm90

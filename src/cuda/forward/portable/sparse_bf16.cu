@@ -1,15 +1,4 @@
-// Sparse forward and merge instantiations for bf16 inputs, one per head dim.
-#include "cuda/forward/sm80/merge_kernel.cuh"
-#include "cuda/forward/sm80/sparse_kernel.cuh"
+// Portable sparse forward for bf16 inputs, one instantiation per head dim.
+#include "cuda/forward/portable/sparse_kernel.cuh"
 
-namespace flash_msa::cuda::sm80 {
-
-#define FLASH_MSA_INSTANTIATE(D)                                                        \
-  template void launch_sparse_forward<__nv_bfloat16, D>(const SparseForwardParams&, cudaStream_t); \
-  template void launch_merge<__nv_bfloat16, D>(const MergeParams&, cudaStream_t);
-FLASH_MSA_INSTANTIATE(32)
-FLASH_MSA_INSTANTIATE(64)
-FLASH_MSA_INSTANTIATE(128)
-#undef FLASH_MSA_INSTANTIATE
-
-}  // namespace flash_msa::cuda::sm80
+FLASH_MSA_INSTANTIATE(FLASH_MSA_HEAD_DIMS, FLASH_MSA_SPARSE_FORWARD_DIM, __nv_bfloat16)

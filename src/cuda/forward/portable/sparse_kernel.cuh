@@ -10,7 +10,7 @@
 // streams 128-row query tiles: floor(128 / G) tokens x G heads (8 x 16 in the paper's shape).
 // Every row of every tile is useful work, whatever the selection pattern, and K/V traffic drops
 // to one load per item. The price is the merge: each (token, head) gets one partial result per
-// selected block, normalised within the block (o_n, lse_n), and merge_kernel.cuh combines them
+// selected block, normalised within the block (o_n, lse_n), and passes/merge.cu combines them
 // by log-sum-exp in a second pass.
 //
 // Per tile: 4 warps x 32 rows; the block's 128 keys in four steps of 32 with an online softmax
@@ -29,13 +29,14 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/common/check.h"
+#include "cuda/host/check.h"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/warp_reduce.cuh"
-#include "cuda/forward/sm80/sparse_sm80.h"
+#include "cuda/forward/portable/sparse_portable.h"
 #include "cuda/schedule/edges.cuh"
+#include "cuda/common/instantiate.h"
 
-namespace flash_msa::cuda::sm80::sparse_forward {
+namespace flash_msa::cuda::portable::sparse_forward {
 
 inline constexpr int kThreads = 128;  // 4 warps x 32 tile rows
 inline constexpr int kRows = 128;     // rows of a query tile
@@ -56,33 +57,32 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
   constexpr int kDTiles = kD / 8;
 
   schedule::Item item;
-  if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
+  if (!schedule::find_item(p.items, p.shape, blockIdx.x, item)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int b = item.bp / p.proxy_heads, head0 = (item.bp % p.proxy_heads) * p.group;
-  const int key0 = item.block * kKeys;
+  const int b = item.b, head0 = item.head0, key0 = item.key0;
   const T* k =
-      static_cast<const T*>(p.k.data) + b * p.k.stride_b + (head0 / p.kv_group) * p.k.stride_h;
+      static_cast<const T*>(p.k.data) + b * p.k.stride_b + (head0 / p.shape.kv_group) * p.k.stride_h;
   const T* v =
-      static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.kv_group) * p.v.stride_h;
+      static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.shape.kv_group) * p.v.stride_h;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
   const uint64_t* entries = p.index.entries;
-  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.seqlen;
+  const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.shape.seqlen;
 
   copy_rows_async<kKeys, kD, kThreads>(
-      s_k, [&](int r) { return key0 + r < p.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k);
+      s_k, [&](int r) { return key0 + r < p.shape.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k);
   copy_rows_async<kKeys, kD, kThreads>(
-      s_v, [&](int r) { return key0 + r < p.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v);
+      s_v, [&](int r) { return key0 + r < p.shape.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v);
   cp_async_commit();
 
-  const int tile_tokens = kRows / p.group;
+  const int tile_tokens = kRows / p.shape.group;
   auto load_q = [&](int e0) {
     copy_rows_async<kRows, kD, kThreads>(
         s_q,
         [&](int r) -> const T* {
-          const int t = r / p.group;
+          const int t = r / p.shape.group;
           if (t >= tile_tokens || e0 + t >= item.end) return nullptr;
           const int token = schedule::entry_token(entries[e0 + t]);
-          return q + (r % p.group) * p.q.stride_h + token * p.q.stride_s;
+          return q + (r % p.shape.group) * p.q.stride_h + token * p.q.stride_s;
         },
         q);
     cp_async_commit();
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
   for (int e0 = item.begin; e0 < item.end; e0 += tile_tokens) {
     cp_async_wait<0>();
     __syncthreads();
-    const int live_rows = min(tile_tokens, item.end - e0) * p.group;
+    const int live_rows = min(tile_tokens, item.end - e0) * p.shape.group;
     const bool warp_live = 32 * warp < live_rows;
 
     // This lane's rows: row(mt, h) = 32 warp + 16 mt + 8 h + lane / 4.
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
         query[mt][h] = INT_MAX;
         first[mt][h] = INT_MIN;
         if (r < live_rows) {
-          query[mt][h] = schedule::entry_token(entries[e0 + r / p.group]);
+          query[mt][h] = schedule::entry_token(entries[e0 + r / p.shape.group]);
           first[mt][h] = __ldg(doc_start + query[mt][h]);
           need_mask |= query[mt][h] < key0 + kKeys - 1 || first[mt][h] > key0;
         }
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
         for (int nt = 0; nt < kStepKeys / 8; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float x = s[mt][nt][e] * p.scale_log2;
+            float x = s[mt][nt][e] * p.shape.scale_log2;
             if (need_mask) {
               const int key = key0 + step * kStepKeys + nt * 8 + 2 * (lane % 4) + (e & 1);
               if (key > query[mt][e / 2] || key < first[mt][e / 2]) x = -INFINITY;
@@ -207,10 +207,10 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
         const float l_row = quad_sum(l[mt][h]);
         const int r = 32 * warp + 16 * mt + 8 * h + lane / 4;
         if (r >= live_rows) continue;
-        const uint64_t entry = entries[e0 + r / p.group];
+        const uint64_t entry = entries[e0 + r / p.shape.group];
         const int64_t ce =
-            schedule::chunk_edge(item.bp, p.chunk_tokens, p.chunk_begin, p.top_k, entry);
-        const int64_t row = ce * p.group + r % p.group;
+            schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
+        const int64_t row = ce * p.shape.group + r % p.shape.group;
         const float inv = l_row > 0.f ? 1.f / l_row : 0.f;
         uint32_t packed[kDTiles];
 #pragma unroll
@@ -222,9 +222,9 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
   }
 }
 
-}  // namespace flash_msa::cuda::sm80::sparse_forward
+}  // namespace flash_msa::cuda::portable::sparse_forward
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 template <class T, int kD>
 void launch_sparse_forward(const SparseForwardParams& params, cudaStream_t stream) {
@@ -237,4 +237,8 @@ void launch_sparse_forward(const SparseForwardParams& params, cudaStream_t strea
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable
+
+// One explicit instantiation for element type T (FLASH_MSA_INSTANTIATE, common/instantiate.h).
+#define FLASH_MSA_SPARSE_FORWARD_DIM(T, D) \
+  template void launch_sparse_forward<T, D>(const SparseForwardParams&, cudaStream_t);

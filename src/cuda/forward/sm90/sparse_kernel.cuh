@@ -1,5 +1,5 @@
 // Hopper (wgmma) sparse main-attention forward of MSA (SPEC section 2), key-block-outer like
-// the portable kernel (forward/sm80/sparse_kernel.cuh, which explains the choice), with the same
+// the portable kernel (forward/portable/sparse_kernel.cuh, which explains the choice), with the same
 // work items and the same partial results, so the merge is shared.
 //
 // One CTA takes a work item (up to 256 tokens that selected key block n of proxy head p): all
@@ -55,7 +55,7 @@ struct SharedMemory {
 // 64-token tiles of proxy queries (one row per token), S_p = Qp Kp^T, and the log-sum-exp of
 // the row's visible scores.
 template <class T, bool kProxy>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::SparseForwardParams p) {
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(const portable::SparseForwardParams p) {
   using Smem = SharedMemory<kProxy>;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -68,21 +68,20 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
   unsigned char* s_kp = s_q + kQBuffers * kWarpgroups * Smem::kQBytes;  // kProxy
 
   schedule::Item item;
-  if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
+  if (!schedule::find_item(p.items, p.shape, blockIdx.x, item)) return;
   const int wg = warpgroup_index(), wt = threadIdx.x % 128;
   const int warp = wt / 32, lane = threadIdx.x % 32;
-  const int b = item.bp / p.proxy_heads, ph = item.bp % p.proxy_heads, head0 = ph * p.group;
-  const int key0 = item.block * kKeys;
+  const int b = item.b, ph = item.ph, head0 = item.head0, key0 = item.key0;
   const T* k =
-      static_cast<const T*>(p.k.data) + b * p.k.stride_b + (head0 / p.kv_group) * p.k.stride_h;
+      static_cast<const T*>(p.k.data) + b * p.k.stride_b + (head0 / p.shape.kv_group) * p.k.stride_h;
   const T* v =
-      static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.kv_group) * p.v.stride_h;
+      static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.shape.kv_group) * p.v.stride_h;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
 
   // Keys past the sequence: zeros (their address clamped to the last key).
   auto key_row = [&](int r, bool& valid) {
-    valid = key0 + r < p.seqlen;
-    return min(key0 + r, p.seqlen - 1);
+    valid = key0 + r < p.shape.seqlen;
+    return min(key0 + r, p.shape.seqlen - 1);
   };
   copy_rows_sw128<kKeys, kD, kThreads>(
       s_k, [&](int r, bool& valid) { return k + key_row(r, valid) * p.k.stride_s; }, threadIdx.x);
@@ -90,18 +89,18 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       s_v, [&](int r, bool& valid) { return v + key_row(r, valid) * p.v.stride_s; }, threadIdx.x);
   if constexpr (kProxy) {
     const T* kp =
-        static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.proxy_group) * p.kp.stride_h;
+        static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.shape.proxy_group) * p.kp.stride_h;
     copy_rows_sw128<kKeys, kD, kThreads>(
         s_kp, [&](int r, bool& valid) { return kp + key_row(r, valid) * p.kp.stride_s; },
         threadIdx.x);
   }
   cp_async_commit();
   schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
-  schedule::fill_tile_rows<kRows, kThreads>(tile_rows, p.group, threadIdx.x);
+  schedule::fill_tile_rows<kRows, kThreads>(tile_rows, p.shape.group, threadIdx.x);
   __syncthreads();  // the item's and the tile's rows are in place
 
   const int item_rows = item.end - item.begin;
-  const int tile_tokens = kRows / p.group;
+  const int tile_tokens = kRows / p.shape.group;
   const int tiles = (item_rows + tile_tokens - 1) / tile_tokens;
   // Tile i of this warpgroup is item tile wg + 2 i, in buffer i % 3. Every load commits one
   // cp.async group, empty past the last tile, so that "all but the newest group" is always the
@@ -217,17 +216,17 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const float(&lo)[4] = *reinterpret_cast<const float(*)[4]>(s + 8 * kk);
       const float(&hi)[4] = *reinterpret_cast<const float(*)[4]>(s + 8 * kk + 4);
-      sm80::acc_to_a<T>(a[kk], lo, hi);
+      portable::acc_to_a<T>(a[kk], lo, hi);
     }
   };
   // The two warpgroups take turns to issue their products (S of the next tile, then P V of
-  // this one), warpgroup 0 first, on named barriers 3 + wg (bar.sync by the warpgroup whose
+  // this one), warpgroup 0 first, on named barriers kTurnBarrier + wg (bar.sync by the warpgroup whose
   // turn it is, bar.arrive by the other): each one's softmax and stores then run while the
   // tensor cores work on the other's products. A warpgroup arrives only for a turn the other
   // still has, so no arrival is left over.
   const int other_tiles = tiles_of(1 - wg);
-  auto wait_turn = [&] { named_barrier_sync(3 + wg, 2 * 128); };
-  auto pass_turn = [&] { named_barrier_arrive(3 + (1 - wg), 2 * 128); };
+  auto wait_turn = [&] { named_barrier_sync(kTurnBarrier + wg, 2 * 128); };
+  auto pass_turn = [&] { named_barrier_arrive(kTurnBarrier + (1 - wg), 2 * 128); };
 
   load_q(0);
   load_q(1);
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     visible_columns(t, lo, hi);
     wgmma_wait<0>();
     fence_operands(s);
-    softmax(s, lo, hi, p.scale_log2, m, l);
+    softmax(s, lo, hi, p.shape.scale_log2, m, l);
     to_a(s, a);
   }
   int i = 0;
@@ -282,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
     wgmma_wait<2>();  // S of tile i + 1
     fence_operands(s);
     float m_next[2], l_next[2];
-    softmax(s, lo, hi, p.scale_log2, m_next, l_next);
+    softmax(s, lo, hi, p.shape.scale_log2, m_next, l_next);
     // The softmax before the waits below: its results are used only after them, and ptxas
     // moves a wait up to the start of its basic block, so these fences and the branches of the
     // row code next keep the softmax in a block of its own.
@@ -296,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (t[h] >= item_rows) continue;
-      row[h] = rows.edge[t[h]] * p.group + tile_rows.row[16 * warp + 8 * h + lane / 4].head;
+      row[h] = rows.edge[t[h]] * p.shape.group + tile_rows.row[16 * warp + 8 * h + lane / 4].head;
       inv[h] = l[h] > 0.f ? fast_rcp(l[h]) : 0.f;
       if (lane % 4 == 0) p.lse_part[row[h]] = lse_of(m[h], l[h]);
     }
@@ -350,14 +349,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
       wgmma_wait<0>();
       fence_operands(s);
       float m[2], l[2];
-      softmax(s, lo, hi, p.proxy_scale_log2, m, l);
+      softmax(s, lo, hi, p.shape.proxy_scale_log2, m, l);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (t[h] < item_rows && lane % 4 == 0) p.lse_p_part[rows.edge[t[h]]] = lse_of(m[h], l[h]);
     }
   }
 #else
-  __trap();  // built without sm_90a code; launch_sparse_forward does not launch it then
+  __trap();  // built without sm_90a code: sparse_kernels() never picks it then
 #endif
 }
 
@@ -366,14 +365,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const sm80::Sparse
 namespace flash_msa::cuda::sm90 {
 
 template <class T>
-bool launch_sparse_forward(const sm80::SparseForwardParams& params, cudaStream_t stream) {
+void launch_sparse_forward(const portable::SparseForwardParams& params, cudaStream_t stream) {
   using namespace sparse_forward;
   const unsigned grid = static_cast<unsigned>(params.items.max_items);
   if (params.lse_p_part != nullptr)
-    return launch_hopper(forward_kernel<T, true>, grid, kThreads, SharedMemory<true>::kBytes,
-                         params, stream);
-  return launch_hopper(forward_kernel<T, false>, grid, kThreads, SharedMemory<false>::kBytes,
-                       params, stream);
+    launch_large_smem(forward_kernel<T, true>, grid, kThreads, SharedMemory<true>::kBytes, params,
+                      stream);
+  else
+    launch_large_smem(forward_kernel<T, false>, grid, kThreads, SharedMemory<false>::kBytes,
+                      params, stream);
 }
 
 }  // namespace flash_msa::cuda::sm90

@@ -20,13 +20,14 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/common/check.h"
+#include "cuda/host/check.h"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/warp_reduce.cuh"
-#include "cuda/proxy/sm80/proxy_sm80.h"
+#include "cuda/proxy/portable/proxy_portable.h"
 #include "cuda/schedule/edges.cuh"
+#include "cuda/common/instantiate.h"
 
-namespace flash_msa::cuda::sm80::proxy {
+namespace flash_msa::cuda::portable::proxy {
 
 inline constexpr int kThreads = 256;  // 8 warps
 inline constexpr int kRows = 64;      // tokens of a tile
@@ -66,18 +67,17 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
   float* s_teacher = reinterpret_cast<float*>(smem_raw + Smem::kTeacher);
 
   schedule::Item item;
-  if (!schedule::find_item(p.items, p.buckets, p.num_blocks, blockIdx.x, item)) return;
+  if (!schedule::find_item(p.items, p.shape, blockIdx.x, item)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp / 2, wn = warp % 2;
-  const int b = item.bp / p.proxy_heads, ph = item.bp % p.proxy_heads;
-  const int key0 = item.block * kKeys;
+  const int b = item.b, ph = item.ph, key0 = item.key0;
   const T* kp =
-      static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.proxy_group) * p.kp.stride_h;
+      static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.shape.proxy_group) * p.kp.stride_h;
   const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
-  const float coef = kGrad ? __ldg(p.kl_grad) * p.inv_rows : 0.f;
+  const float coef = kGrad ? __ldg(p.kl_grad) * p.shape.inv_rows : 0.f;
 
   copy_rows_async<kKeys, kDp, kThreads>(
-      s_kp, [&](int r) { return key0 + r < p.seqlen ? kp + (key0 + r) * p.kp.stride_s : nullptr; },
+      s_kp, [&](int r) { return key0 + r < p.shape.seqlen ? kp + (key0 + r) * p.kp.stride_s : nullptr; },
       kp);
   cp_async_commit();
   schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
         const int r = threadIdx.x;
         const bool live = t0 + r < item_rows;
         cp_async_4(&s_lse[buf][r],
-                   p.lse_proxy + int64_t(item.bp) * p.seqlen + (live ? rows.token[t0 + r] : 0),
+                   p.lse_proxy + int64_t(item.bp) * p.shape.seqlen + (live ? rows.token[t0 + r] : 0),
                    live);
       }
 #pragma unroll 4
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + 64 * wn + nt * 8 + 2 * (lane % 4) + (e & 1);
         const bool visible = key <= query[e / 2] && key >= first[e / 2];
-        s[0][nt][e] = visible ? s[0][nt][e] * p.proxy_scale_log2 : -INFINITY;
+        s[0][nt][e] = visible ? s[0][nt][e] * p.shape.proxy_scale_log2 : -INFINITY;
       }
 
     if constexpr (kMode == ProxyMode::kLse) {
@@ -266,9 +266,9 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
   }
 }
 
-}  // namespace flash_msa::cuda::sm80::proxy
+}  // namespace flash_msa::cuda::portable::proxy
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 template <class T, int kDp, ProxyMode kMode>
 void launch_proxy(const ProxyParams& params, cudaStream_t stream) {
@@ -281,4 +281,10 @@ void launch_proxy(const ProxyParams& params, cudaStream_t stream) {
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable
+
+// One explicit instantiation for element type T (FLASH_MSA_INSTANTIATE, common/instantiate.h).
+#define FLASH_MSA_PROXY_DIM(T, DP) \
+  template void launch_proxy<T, DP, ProxyMode::kLse>(const ProxyParams&, cudaStream_t); \
+  template void launch_proxy<T, DP, ProxyMode::kKl>(const ProxyParams&, cudaStream_t); \
+  template void launch_proxy<T, DP, ProxyMode::kGrad>(const ProxyParams&, cudaStream_t);

@@ -1,18 +1,16 @@
-// Kernel-private parameters and launcher of the portable proxy-branch kernel over the selected
-// blocks (SPEC section 3 and the proxy half of section 4), key-block-outer on the schedule's
-// work items like the main kernels; explicitly instantiated per dtype (proxy_bf16.cu,
-// proxy_fp16.cu) for Dp in {32, 64, 128}. Edges and items are numbered as in
-// forward/sm80/sparse_sm80.h.
+// Parameters and launcher of the portable proxy-branch kernel over the selected blocks (SPEC
+// section 3 and the proxy half of section 4), key-block-outer on the schedule's work items like
+// the main kernels; explicitly instantiated per dtype (proxy_bf16.cu, proxy_fp16.cu) for Dp in
+// {32, 64, 128}. Edges and items are numbered as in forward/portable/sparse_portable.h.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
-
+#include "cuda/common/shape.h"
 #include "cuda/schedule/schedule.h"
 #include "flash_msa/msa.h"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 enum class ProxyMode {
   kLse,   // forward: log-sum-exp of each edge's proxy scores (merged into lse_proxy)
@@ -26,19 +24,18 @@ struct ProxyParams {
   schedule::Index index;
   schedule::Items items;
   const float* lse_proxy;  // [B, Hp, S] natural log (kKl, kGrad)
-  const float* teacher;    // [chunk edges, 128] from the main backward kernel (kKl, kGrad)
+  const float* teacher;    // [chunk edges, 128] from the teacher pass or the main backward
+                           // kernel (kKl, kGrad)
   const float* kl_grad;    // [1] upstream gradient w of kl (kGrad; the launch is skipped if null)
   float* lse_p_part;       // [chunk edges] log2 domain (kLse)
   float* kl_part;          // [chunk edges] (kKl)
   float* dqp_part;         // [chunk edges, Dp] g Kp, unscaled, fragment order (kGrad)
   float* dkp_part;         // [items, 128, Dp] g^T Qp, unscaled (kGrad)
-  int chunk_begin, chunk_tokens;
-  int seqlen, proxy_heads, proxy_group, top_k, num_blocks, buckets;
-  float proxy_scale_log2;  // proxy_scale * log2(e)
-  float inv_rows;          // 1 / (B * Hp * S)
+  KernelShape shape;
+  Chunk chunk;
 };
 
 template <class T, int kDp, ProxyMode kMode>
 void launch_proxy(const ProxyParams& params, cudaStream_t stream);
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable

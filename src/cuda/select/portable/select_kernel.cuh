@@ -9,11 +9,12 @@
 
 #include <cstdint>
 
-#include "cuda/common/check.h"
+#include "cuda/host/check.h"
 #include "cuda/common/mma_sm80.cuh"
-#include "cuda/select/sm80/select_sm80.h"
+#include "cuda/select/portable/select_portable.h"
+#include "cuda/common/instantiate.h"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 template <int kDp>
 struct SelectTile {
@@ -53,9 +54,9 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t stride
 // First token (within batch row b) of the document holding token i of that row.
 __device__ __forceinline__ int doc_start(const SelectKernelParams& p, int b, int i) {
   if (p.cu_seqlens == nullptr) return 0;
-  const int64_t row_base = int64_t(b) * p.seqlen;
+  const int64_t row_base = int64_t(b) * p.shape.seqlen;
   const int64_t t = row_base + i;
-  int lo = 0, hi = p.num_docs - 1;
+  int lo = 0, hi = p.shape.num_docs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
     if (p.cu_seqlens[mid] <= t) {
@@ -159,24 +160,24 @@ template <class T, int kDp>
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKernelParams p) {
   using Tile = SelectTile<kDp>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const SelectSmemPlan plan{kDp, p.top_k};
+  const SelectSmemPlan plan{kDp, p.shape.top_k};
   auto ktile = [&](int buf) { return reinterpret_cast<T*>(smem + plan.key_tile_offset(buf)); };
   T* qtile = reinterpret_cast<T*>(smem + plan.region_offset());
   int2* entries = reinterpret_cast<int2*>(smem + plan.entries_offset());
   int32_t* fills = reinterpret_cast<int32_t*>(smem + plan.fill_offset());
 
   // Heaviest tiles (largest causal bound) first, all heads of a tile together.
-  const int heads = p.batch * p.proxy_heads;
-  const int tile = p.num_tiles - 1 - static_cast<int>(blockIdx.x / heads);
+  const int heads = p.shape.batch * p.shape.proxy_heads;
+  const int tile = p.shape.num_blocks - 1 - static_cast<int>(blockIdx.x / heads);
   const int bh = static_cast<int>(blockIdx.x % heads);
-  const int b = bh / p.proxy_heads, h = bh % p.proxy_heads;
+  const int b = bh / p.shape.proxy_heads, h = bh % p.shape.proxy_heads;
   const int m0 = tile * kSelectBlockM;
-  const int rows_valid = min(kSelectBlockM, p.seqlen - m0);
+  const int rows_valid = min(kSelectBlockM, p.shape.seqlen - m0);
 
   const T* q_gmem =
       static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + h * p.qp.stride_h + m0 * p.qp.stride_s;
   const T* k_gmem =
-      static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (h / p.proxy_group) * p.kp.stride_h;
+      static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (h / p.shape.proxy_group) * p.kp.stride_h;
 
   const int n_first = doc_start(p, b, m0) / kBlockKeys;
   const int lo_last = doc_start(p, b, m0 + rows_valid - 1);
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   load_tile<T, kDp>(qtile, q_gmem, p.qp.stride_s, rows_valid);
   cp_async_commit();
   load_tile<T, kDp>(ktile(0), k_gmem + int64_t(n_first) * kBlockKeys * p.kp.stride_s, p.kp.stride_s,
-                    min(kBlockKeys, p.seqlen - n_first * kBlockKeys));
+                    min(kBlockKeys, p.shape.seqlen - n_first * kBlockKeys));
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -194,11 +195,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   for (int slot = 0; slot < 4; ++slot) {
     const int row = warp * Tile::kWarpRows + (slot >> 1) * 16 + (lane >> 2) + (slot & 1) * 8;
     row_i[slot] = m0 + row;
-    row_lo[slot] = doc_start(p, b, min(m0 + row, p.seqlen - 1));
+    row_lo[slot] = doc_start(p, b, min(m0 + row, p.shape.seqlen - 1));
   }
   const int my_slot = lane & 3;
   const int my_row = warp * Tile::kWarpRows + (my_slot >> 1) * 16 + (lane >> 2) + (my_slot & 1) * 8;
-  TopKList list{entries + my_row, p.top_k};
+  TopKList list{entries + my_row, p.shape.top_k};
   if (my_row >= rows_valid) list.thr = INFINITY;  // padding rows never insert
 
   cp_async_wait<1>();
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
     if (n < tile) {
       const int next = (n + 1) * kBlockKeys;
       load_tile<T, kDp>(ktile(buf ^ 1), k_gmem + int64_t(next) * p.kp.stride_s, p.kp.stride_s,
-                        min(kBlockKeys, p.seqlen - next));
+                        min(kBlockKeys, p.shape.seqlen - next));
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
       }
     // proxy_scale > 0 (validated) and rounding is monotone, so scaling the maximum equals the
     // maximum of the scaled scores bit for bit.
-    float m = p.proxy_scale * (my_slot == 0   ? mx[0][0]
+    float m = p.shape.proxy_scale * (my_slot == 0   ? mx[0][0]
                                : my_slot == 1 ? mx[0][1]
                                : my_slot == 2 ? mx[1][0]
                                               : mx[1][1]);
@@ -252,10 +253,10 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   fills[my_row] = list.fill;
   __syncthreads();
   // Sorted output: a kept block's slot is the number of kept blocks below it; the rest are -1.
-  const int k = p.top_k;
+  const int k = p.shape.top_k;
   for (int x = threadIdx.x; x < rows_valid * k; x += kSelectThreads) {
     const int row = x / k, slot = x % k;
-    int32_t* out = p.indices + ((int64_t(b) * p.proxy_heads + h) * p.seqlen + m0 + row) * k;
+    int32_t* out = p.indices + ((int64_t(b) * p.shape.proxy_heads + h) * p.shape.seqlen + m0 + row) * k;
     const int fill = fills[row];
     if (slot >= fill) {
       out[slot] = -1;
@@ -270,12 +271,16 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
 
 template <class T, int kDp>
 void launch_select(const SelectKernelParams& params, cudaStream_t stream) {
-  const size_t smem = SelectSmemPlan{kDp, params.top_k}.bytes();
+  const size_t smem = SelectSmemPlan{kDp, params.shape.top_k}.bytes();
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(
       select_kernel<T, kDp>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const unsigned grid = static_cast<unsigned>(params.num_tiles) * params.batch * params.proxy_heads;
+  const unsigned grid = static_cast<unsigned>(params.shape.num_blocks) * params.shape.batch * params.shape.proxy_heads;
   select_kernel<T, kDp><<<grid, kSelectThreads, smem, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable
+
+// One explicit instantiation for element type T (FLASH_MSA_INSTANTIATE, common/instantiate.h).
+#define FLASH_MSA_SELECT_DIM(T, DP) \
+  template void launch_select<T, DP>(const SelectKernelParams&, cudaStream_t);

@@ -1,4 +1,4 @@
-// Kernel-private parameters of the portable proxy-select kernel and its launcher, explicitly
+// Parameters of the portable proxy-select kernel and its launcher, explicitly
 // instantiated per dtype (select_bf16.cu, select_fp16.cu) for the supported proxy head dims.
 #pragma once
 
@@ -7,21 +7,17 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/common/shape.h"
 #include "flash_msa/msa.h"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 struct SelectKernelParams {
   ConstView qp;               // [B, Hp, S, Dp] strided, 16-byte aligned rows
   ConstView kp;               // [B, Hpk, S, Dp] strided, 16-byte aligned rows
   int32_t* indices;           // [B, Hp, S, K] contiguous
   const int32_t* cu_seqlens;  // [num_docs + 1] offsets over B*S tokens; null: one doc per row
-  int num_docs;
-  int batch, seqlen, proxy_heads;
-  int proxy_group;  // Hp / Hpk: proxy query heads per proxy key head
-  int top_k;        // K <= kMaxTopK
-  int num_tiles;    // ceil(S / 128) query tiles per (b, p)
-  float proxy_scale;
+  KernelShape shape;          // top_k <= kMaxTopK; num_blocks query tiles per (b, p)
 };
 
 inline constexpr int kMaxTopK = 64;
@@ -54,4 +50,4 @@ struct SelectSmemPlan {
 template <class T, int kDp>
 void launch_select(const SelectKernelParams& params, cudaStream_t stream);
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable

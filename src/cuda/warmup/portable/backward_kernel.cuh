@@ -1,9 +1,9 @@
 // Portable (mma.sync) dense MSA backward: warmup mode (SPEC section 5, the section 4 formulas
-// over every visible key). The sparse mode runs key-block-outer (sparse_kernel.cuh).
+// over every visible key). The sparse mode runs key-block-outer
+// (backward/portable/sparse_kernel.cuh).
 //
-// Design: deterministic by construction, with no floating-point atomics anywhere, so
-// BackwardParams::deterministic costs nothing (runs are bitwise reproducible). Four kernels on
-// the caller's stream:
+// Design: deterministic by construction, with no floating-point atomics anywhere (runs are
+// bitwise reproducible). Four kernels on the caller's stream:
 //  1. delta: Delta(h, i) = <o, dO> in fp32 into the workspace.
 //  2. dq/dqp, query-outer (as the forward): one warp per (b, proxy head p, token i) owns a
 //     16-row MMA tile of the G heads of the group and walks the token's visible 32-key tiles:
@@ -31,12 +31,12 @@
 
 #include <cstdint>
 
-#include "cuda/backward/sm80/backward_sm80.h"
-#include "cuda/common/check.h"
+#include "cuda/warmup/portable/warmup_portable.h"
+#include "cuda/host/check.h"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/tile_sm80.cuh"
 
-namespace flash_msa::cuda::sm80::backward {
+namespace flash_msa::cuda::portable::backward {
 
 inline constexpr int kBlockKeys = static_cast<int>(kBlockSize);
 inline constexpr int kTileKeys = 32;  // keys per tile of the query-outer walk
@@ -125,7 +125,7 @@ __device__ __forceinline__ void load_rows(T* tile, const T* base, int64_t stride
 }
 
 __device__ __forceinline__ float read_weight(const BackwardKernelParams& p) {
-  return (p.kl_grad ? __ldg(p.kl_grad) : 0.f) * p.inv_rows;
+  return (p.kl_grad ? __ldg(p.kl_grad) : 0.f) * p.shape.inv_rows;
 }
 
 // ---- 1. Delta ----
@@ -134,12 +134,12 @@ template <class T, int kD>
 __global__ void delta_kernel(const BackwardKernelParams p) {
   constexpr int kChunks = kD / 8;
   const int lane = threadIdx.x % 32;
-  const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
+  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.seqlen;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
-    const int i = static_cast<int>(r % p.seqlen);
-    const int h = static_cast<int>((r / p.seqlen) % p.heads);
-    const int b = static_cast<int>(r / (int64_t(p.seqlen) * p.heads));
+    const int i = static_cast<int>(r % p.shape.seqlen);
+    const int h = static_cast<int>((r / p.shape.seqlen) % p.shape.heads);
+    const int b = static_cast<int>(r / (int64_t(p.shape.seqlen) * p.shape.heads));
     float acc = 0.f;
     if (lane < kChunks) {
       const T* o = static_cast<const T*>(p.out.data) + b * p.out.stride_b + h * p.out.stride_h +
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int i = blockIdx.x * kDqWarps + warp;
   const int pr = blockIdx.y, b = blockIdx.z;
-  if (i >= p.seqlen) return;  // warp-uniform; the kernel has no CTA-wide barrier
+  if (i >= p.shape.seqlen) return;  // warp-uniform; the kernel has no CTA-wide barrier
   T* sQ = reinterpret_cast<T*>(smem_raw) + warp * DqConfig<kD, kDp>::kWarpElems;
   T* sdO = sQ + 16 * kD;
   T* sQp = sdO + 16 * kD;
@@ -185,9 +185,9 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   T* sV = sK + kTileKeys * kD;
   T* sKp = sV + kTileKeys * kD;
 
-  const int G = p.group, h0 = pr * G;
-  const int kvh = h0 / p.kv_group, pkh = pr / p.proxy_group;
-  const int ds = doc_start_of(p.cu_seqlens, p.num_docs, b, i, p.seqlen);
+  const int G = p.shape.group, h0 = pr * G;
+  const int kvh = h0 / p.shape.kv_group, pkh = pr / p.shape.proxy_group;
+  const int ds = doc_start_of(p.cu_seqlens, p.shape.num_docs, b, i, p.shape.seqlen);
   const int own = i / kBlockKeys;
 
   load_rows<kC>(
@@ -208,13 +208,13 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r_hi : r_lo;
-    const int64_t row = (int64_t(b) * p.heads + h0 + r) * p.seqlen + i;
+    const int64_t row = (int64_t(b) * p.shape.heads + h0 + r) * p.shape.seqlen + i;
     lse2[half] = r < G ? __ldg(p.lse + row) * kLog2e : 0.f;
     delta[half] = r < G ? p.delta[row] : 0.f;
   }
   const float lsep2 =
-      __ldg(p.lse_proxy + (int64_t(b) * p.proxy_heads + pr) * p.seqlen + i) * kLog2e;
-  const float sl2 = p.scale * kLog2e, psl2 = p.proxy_scale * kLog2e;
+      __ldg(p.lse_proxy + (int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen + i) * kLog2e;
+  const float sl2 = p.shape.scale * kLog2e, psl2 = p.shape.proxy_scale * kLog2e;
   const float wscale = read_weight(p);
   const float inv_g = 1.f / G;
 
@@ -341,11 +341,11 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
     for (int nt = 0; nt < kD / 8; ++nt) {
       const int c = nt * 8 + 2 * (lane % 4);
       *reinterpret_cast<uint32_t*>(dqb + r * p.dq.stride_h + c) =
-          Elem<T>::pack(dq[nt][2 * half] * p.scale, dq[nt][2 * half + 1] * p.scale);
+          Elem<T>::pack(dq[nt][2 * half] * p.shape.scale, dq[nt][2 * half + 1] * p.shape.scale);
     }
   }
   if (lane < 4) {
-    const float proxy_w = p.proxy_scale * wscale;
+    const float proxy_w = p.shape.proxy_scale * wscale;
     T* dqpb =
         static_cast<T*>(p.dqp.data) + b * p.dqp.stride_b + pr * p.dqp.stride_h + i * p.dqp.stride_s;
 #pragma unroll
@@ -400,10 +400,10 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int n = blockIdx.x, pr = blockIdx.y, b = blockIdx.z;
-  const int G = p.group, h0 = pr * G;
-  const int kvh = h0 / p.kv_group, pkh = pr / p.proxy_group;
+  const int G = p.shape.group, h0 = pr * G;
+  const int kvh = h0 / p.shape.kv_group, pkh = pr / p.shape.proxy_group;
   const int key_base = n * kBlockKeys;
-  const int keys_valid = min(kBlockKeys, p.seqlen - key_base);
+  const int keys_valid = min(kBlockKeys, p.shape.seqlen - key_base);
 
   load_rows<kC>(sK,
                 static_cast<const T*>(p.k.data) + b * p.k.stride_b + kvh * p.k.stride_h +
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
   cp_async_commit();
   for (int e = tid; e < kBlockKeys * kDp; e += kKvThreads) sdKp[e] = 0.f;
 
-  const float sl2 = p.scale * kLog2e, psl2 = p.proxy_scale * kLog2e;
+  const float sl2 = p.shape.scale * kLog2e, psl2 = p.shape.proxy_scale * kLog2e;
   const float wscale = read_weight(p);
   const float inv_g = 1.f / G;
   const int row0 = warp * 16;
@@ -433,12 +433,12 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
   const T* dobase = static_cast<const T*>(p.dout.data) + b * p.dout.stride_b;
   const T* qpbase = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + pr * p.qp.stride_h;
 
-  for (int win = key_base; win < p.seqlen; win += Cfg::kWindow) {
+  for (int win = key_base; win < p.shape.seqlen; win += Cfg::kWindow) {
     const int tok = win + tid;
     bool member = false;
     int ds = 0;
-    if (tok < p.seqlen) {
-      ds = doc_start_of(p.cu_seqlens, p.num_docs, b, tok, p.seqlen);
+    if (tok < p.shape.seqlen) {
+      ds = doc_start_of(p.cu_seqlens, p.shape.num_docs, b, tok, p.shape.seqlen);
       member = key_base + kBlockKeys > ds;
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, member);
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
         if (tid < kGroupTokens) {
           const bool ok = tid < m;
           const int tr = ok ? list_tok[g0 + tid] : 0;
-          const int64_t row = (int64_t(b) * p.heads + h) * p.seqlen + tr;
+          const int64_t row = (int64_t(b) * p.shape.heads + h) * p.shape.seqlen + tr;
           s_lse2[tid] = ok ? __ldg(p.lse + row) * kLog2e : 0.f;
           s_delta[tid] = ok ? p.delta[row] : 0.f;
           s_tok[tid] = ok ? tr : -1;  // -1: no key is <= it, so the column is masked
@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
         const bool ok = tid < m;
         const int tr = ok ? list_tok[g0 + tid] : 0;
         s_lsep2[tid] =
-            ok ? __ldg(p.lse_proxy + (int64_t(b) * p.proxy_heads + pr) * p.seqlen + tr) * kLog2e
+            ok ? __ldg(p.lse_proxy + (int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen + tr) * kLog2e
                : 0.f;
         s_tok[tid] = ok ? tr : -1;
         s_ds[tid] = ok ? list_ds[g0 + tid] : 0;
@@ -585,23 +585,23 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
   cp_async_wait<0>();  // K/V/Kp were never waited on when no token attends the block
   __syncthreads();
 
-  const int64_t part = (int64_t(b) * p.proxy_heads + pr) * p.seqlen;
+  const int64_t part = (int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = key_lo + half * 8;
-    if (key >= p.seqlen) continue;
+    if (key >= p.shape.seqlen) continue;
     float* dkr = p.dk_part + (part + key) * kD;
     float* dvr = p.dv_part + (part + key) * kD;
 #pragma unroll
     for (int nt = 0; nt < kD / 8; ++nt) {
       const int c = nt * 8 + 2 * (lane % 4);
       *reinterpret_cast<float2*>(dkr + c) =
-          make_float2(dk[nt][2 * half] * p.scale, dk[nt][2 * half + 1] * p.scale);
+          make_float2(dk[nt][2 * half] * p.shape.scale, dk[nt][2 * half + 1] * p.shape.scale);
       *reinterpret_cast<float2*>(dvr + c) = make_float2(dv[nt][2 * half], dv[nt][2 * half + 1]);
     }
   }
   for (int e = tid; e < keys_valid * kDp; e += kKvThreads)
-    p.dkp_part[(part + key_base) * kDp + e] = sdKp[e] * (p.proxy_scale * wscale);
+    p.dkp_part[(part + key_base) * kDp + e] = sdKp[e] * (p.shape.proxy_scale * wscale);
 }
 
 // ---- 4. fixed-order reduction of the partials into dk, dv, dkp ----
@@ -625,13 +625,13 @@ __device__ __forceinline__ void reduce_row(T* dst, const float* part, int64_t pa
 template <class T, int kD, int kDp>
 __global__ void reduce_kernel(const BackwardKernelParams p) {
   constexpr int kC = kD / 8, kPC = kDp / 8;
-  const int kv_heads = p.heads / p.kv_group;
-  const int proxy_kv_heads = p.proxy_heads / p.proxy_group;
-  const int64_t S = p.seqlen;
-  const int64_t main_items = int64_t(p.batch) * kv_heads * S * kC;
-  const int64_t proxy_items = int64_t(p.batch) * proxy_kv_heads * S * kPC;
+  const int kv_heads = p.shape.heads / p.shape.kv_group;
+  const int proxy_kv_heads = p.shape.proxy_heads / p.shape.proxy_group;
+  const int64_t S = p.shape.seqlen;
+  const int64_t main_items = int64_t(p.shape.batch) * kv_heads * S * kC;
+  const int64_t proxy_items = int64_t(p.shape.batch) * proxy_kv_heads * S * kPC;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int per_kv = p.proxy_heads / kv_heads;
+  const int per_kv = p.shape.proxy_heads / kv_heads;
   for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < main_items + proxy_items;
        x += stride) {
     if (x < main_items) {
@@ -639,7 +639,7 @@ __global__ void reduce_kernel(const BackwardKernelParams p) {
       const int64_t s = (x / kC) % S;
       const int c = static_cast<int>((x / (kC * S)) % kv_heads);
       const int b = static_cast<int>(x / (kC * S * kv_heads));
-      const int64_t first = (int64_t(b) * p.proxy_heads + c * per_kv) * S + s;
+      const int64_t first = (int64_t(b) * p.shape.proxy_heads + c * per_kv) * S + s;
       reduce_row(
           static_cast<T*>(p.dk.data) + b * p.dk.stride_b + c * p.dk.stride_h + s * p.dk.stride_s,
           p.dk_part + first * kD, S * kD, 0, per_kv, chunk);
@@ -652,12 +652,12 @@ __global__ void reduce_kernel(const BackwardKernelParams p) {
       const int64_t s = (y / kPC) % S;
       const int c = static_cast<int>((y / (kPC * S)) % proxy_kv_heads);
       const int b = static_cast<int>(y / (kPC * S * proxy_kv_heads));
-      const int64_t first = (int64_t(b) * p.proxy_heads + c * p.proxy_group) * S + s;
+      const int64_t first = (int64_t(b) * p.shape.proxy_heads + c * p.shape.proxy_group) * S + s;
       reduce_row(static_cast<T*>(p.dkp.data) + b * p.dkp.stride_b + c * p.dkp.stride_h +
                      s * p.dkp.stride_s,
-                 p.dkp_part + first * kDp, S * kDp, 0, p.proxy_group, chunk);
+                 p.dkp_part + first * kDp, S * kDp, 0, p.shape.proxy_group, chunk);
     }
   }
 }
 
-}  // namespace flash_msa::cuda::sm80::backward
+}  // namespace flash_msa::cuda::portable::backward

@@ -4,16 +4,17 @@
 
 #include <algorithm>
 
-#include "cuda/backward/sm80/backward_kernel.cuh"
+#include "cuda/warmup/portable/backward_kernel.cuh"
+#include "cuda/common/instantiate.h"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 template <class T, int kD, int kDp>
 void launch_backward(const BackwardKernelParams& p, cudaStream_t stream) {
   using namespace backward;
   constexpr int kThreads = 256;
   constexpr int64_t kMaxBlocks = 1 << 16;  // grid-stride loops cover the rest
-  const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
+  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.seqlen;
   const int64_t delta_blocks =
       std::min<int64_t>((rows + kThreads / 32 - 1) / (kThreads / 32), kMaxBlocks);
   delta_kernel<T, kD><<<static_cast<unsigned>(delta_blocks), kThreads, 0, stream>>>(p);
@@ -22,23 +23,27 @@ void launch_backward(const BackwardKernelParams& p, cudaStream_t stream) {
   constexpr int kDqSmem = DqConfig<kD, kDp>::kSmemBytes;
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<T, kD, kDp>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem));
-  const dim3 dq_grid((p.seqlen + kDqWarps - 1) / kDqWarps, p.proxy_heads, p.batch);
+  const dim3 dq_grid((p.shape.seqlen + kDqWarps - 1) / kDqWarps, p.shape.proxy_heads, p.shape.batch);
   dq_kernel<T, kD, kDp><<<dq_grid, kDqWarps * 32, kDqSmem, stream>>>(p);
   FLASH_MSA_CHECK_LAUNCH();
 
   constexpr int kKvSmem = KvConfig<kD, kDp>::kSmemBytes;
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(dkv_kernel<T, kD, kDp>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kKvSmem));
-  const dim3 kv_grid(p.num_blocks, p.proxy_heads, p.batch);
+  const dim3 kv_grid(p.shape.num_blocks, p.shape.proxy_heads, p.shape.batch);
   dkv_kernel<T, kD, kDp><<<kv_grid, kKvThreads, kKvSmem, stream>>>(p);
   FLASH_MSA_CHECK_LAUNCH();
 
   const int64_t items =
-      int64_t(p.batch) * p.seqlen *
-      ((p.heads / p.kv_group) * (kD / 8) + (p.proxy_heads / p.proxy_group) * (kDp / 8));
+      int64_t(p.shape.batch) * p.shape.seqlen *
+      ((p.shape.heads / p.shape.kv_group) * (kD / 8) + (p.shape.proxy_heads / p.shape.proxy_group) * (kDp / 8));
   const int64_t reduce_blocks = std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks);
   reduce_kernel<T, kD, kDp><<<static_cast<unsigned>(reduce_blocks), kThreads, 0, stream>>>(p);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable
+
+// One explicit instantiation for element type T (FLASH_MSA_INSTANTIATE, common/instantiate.h).
+#define FLASH_MSA_WARMUP_BACKWARD_DIM(T, D, DP) \
+  template void launch_backward<T, D, DP>(const BackwardKernelParams&, cudaStream_t);

@@ -1,5 +1,6 @@
 // Portable (mma.sync) dense main attention forward of MSA: warmup mode (SPEC sections 2, 3, 5
-// with T(p, i) = every visible key). The sparse mode runs key-block-outer (sparse_kernel.cuh).
+// with T(p, i) = every visible key). The sparse mode runs key-block-outer
+// (forward/portable/sparse_kernel.cuh).
 //
 // Design: query-outer. All G = H / Hp main heads of a proxy group attend the same keys, so one
 // warp owns one (batch, proxy head, token): its 16-row MMA tile holds the G heads (rows G..15
@@ -22,13 +23,14 @@
 
 #include <cstdint>
 
-#include "cuda/common/check.h"
+#include "cuda/host/check.h"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/warp_reduce.cuh"
-#include "cuda/forward/sm80/forward_sm80.h"
+#include "cuda/warmup/portable/warmup_portable.h"
+#include "cuda/common/instantiate.h"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
 
 inline constexpr int kBlockKeys = static_cast<int>(kBlockSize);
 inline constexpr int kTileKeys = 32;  // keys per shared-memory tile
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int query = blockIdx.x * Cfg::kWarps + warp;
-  if (query >= p.seqlen) return;  // warps share nothing, so an idle warp may leave
+  if (query >= p.shape.seqlen) return;  // warps share nothing, so an idle warp may leave
   const int ph = blockIdx.y;
   const int b = blockIdx.z;
 
@@ -180,8 +182,8 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   // Start of the query's document within its batch row.
   int doc_start = 0;
   if (p.cu_seqlens) {
-    const int token = b * p.seqlen + query;
-    int lo = 0, hi = p.num_docs;  // largest d with cu_seqlens[d] <= token
+    const int token = b * p.shape.seqlen + query;
+    int lo = 0, hi = p.shape.num_docs;  // largest d with cu_seqlens[d] <= token
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
       if (__ldg(p.cu_seqlens + mid) <= token)
@@ -189,12 +191,12 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
       else
         hi = mid;
     }
-    doc_start = max(0, __ldg(p.cu_seqlens + lo) - b * p.seqlen);
+    doc_start = max(0, __ldg(p.cu_seqlens + lo) - b * p.shape.seqlen);
   }
 
-  const int head0 = ph * p.group;
-  const int kv_head = head0 / p.kv_group;
-  const int pk_head = ph / p.proxy_group;
+  const int head0 = ph * p.shape.group;
+  const int kv_head = head0 / p.shape.kv_group;
+  const int pk_head = ph / p.shape.proxy_group;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + query * p.q.stride_s;
   const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kv_head * p.k.stride_h;
   const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kv_head * p.v.stride_h;
@@ -205,12 +207,12 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   const int r_lo = lane / 4;
   const int r_hi = r_lo + 8;
   uint32_t qf[kD / 16][4];
-  load_a_fragments<T, kD>(qf, r_lo < p.group ? q + (head0 + r_lo) * p.q.stride_h : nullptr,
-                          r_hi < p.group ? q + (head0 + r_hi) * p.q.stride_h : nullptr, lane);
+  load_a_fragments<T, kD>(qf, r_lo < p.shape.group ? q + (head0 + r_lo) * p.q.stride_h : nullptr,
+                          r_hi < p.shape.group ? q + (head0 + r_hi) * p.q.stride_h : nullptr, lane);
   uint32_t qpf[kDp / 16][4];
   load_a_fragments<T, kDp>(qpf, r_lo == 0 ? qp : nullptr, nullptr, lane);
 
-  const int64_t row = (int64_t(b) * p.proxy_heads + ph) * p.seqlen + query;
+  const int64_t row = (int64_t(b) * p.shape.proxy_heads + ph) * p.shape.seqlen + query;
   const TileWalk walk0{doc_start / kBlockKeys, query / kBlockKeys, doc_start, query};
 
   auto load_stage = [&](int stage, int key0, bool with_v) {
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
 
     float s[4][4];
     scores<T, kD>(s, qf, kt, lane);
-    scale_and_mask(s, p.scale_log2, key_cur, doc_start, query, lane);
+    scale_and_mask(s, p.shape.scale_log2, key_cur, doc_start, query, lane);
     const float2 alpha = online_update(s, m, l);
 #pragma unroll
     for (int dt = 0; dt < kD / 8; ++dt) {
@@ -278,7 +280,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
 
     float sp[4][4];
     scores<T, kDp>(sp, qpf, kpt, lane);
-    scale_and_mask(sp, p.proxy_scale_log2, key_cur, doc_start, query, lane);
+    scale_and_mask(sp, p.shape.proxy_scale_log2, key_cur, doc_start, query, lane);
     online_update(sp, mp, lp);
 
     __syncwarp();  // every lane is done with this stage before it is refilled
@@ -298,24 +300,24 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
 
   T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + query * p.out.stride_s;
   const int col = 2 * (lane % 4);
-  if (r_lo < p.group) {
+  if (r_lo < p.shape.group) {
     T* orow = out + (head0 + r_lo) * p.out.stride_h;
 #pragma unroll
     for (int dt = 0; dt < kD / 8; ++dt)
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + col) =
           Elem<T>::pack(o[dt][0] * inv_lo, o[dt][1] * inv_lo);
     if (lane % 4 == 0)
-      p.lse[(int64_t(b) * p.heads + head0 + r_lo) * p.seqlen + query] =
+      p.lse[(int64_t(b) * p.shape.heads + head0 + r_lo) * p.shape.seqlen + query] =
           l_lo > 0.f ? lse2_lo * kLn2 : -INFINITY;
   }
-  if (r_hi < p.group) {
+  if (r_hi < p.shape.group) {
     T* orow = out + (head0 + r_hi) * p.out.stride_h;
 #pragma unroll
     for (int dt = 0; dt < kD / 8; ++dt)
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + col) =
           Elem<T>::pack(o[dt][2] * inv_hi, o[dt][3] * inv_hi);
     if (lane % 4 == 0)
-      p.lse[(int64_t(b) * p.heads + head0 + r_hi) * p.seqlen + query] =
+      p.lse[(int64_t(b) * p.shape.heads + head0 + r_hi) * p.shape.seqlen + query] =
           l_hi > 0.f ? lse2_hi * kLn2 : -INFINITY;
   }
   if (lane == 0) p.lse_proxy[row] = lp_row0 > 0.f ? lse2_p * kLn2 : -INFINITY;
@@ -324,9 +326,9 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
 
   // ---- pass 2 (KL only): teacher from the final main probabilities, student from lse_p ----
   const float lse_p = lse2_p * kLn2;
-  const float inv_group = 1.f / p.group;
-  const bool lo_active = r_lo < p.group;
-  const bool hi_active = r_hi < p.group;
+  const float inv_group = 1.f / p.shape.group;
+  const bool lo_active = r_lo < p.shape.group;
+  const bool hi_active = r_hi < p.shape.group;
   float kl = 0.f;
   walk = walk0;
   key_cur = walk.next();
@@ -344,7 +346,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
 
     float s[4][4];
     scores<T, kD>(s, qf, kt, lane);
-    scale_and_mask(s, p.scale_log2, key_cur, doc_start, query, lane);
+    scale_and_mask(s, p.shape.scale_log2, key_cur, doc_start, query, lane);
     float sp[4][4];
     scores<T, kDp>(sp, qpf, kpt, lane);
 #pragma unroll
@@ -361,7 +363,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
         // Lanes 0..3 hold row 0 (the proxy row) of the same columns.
         const int key = key_cur + nt * 8 + col + e;
         if (lane < 4 && t > 0.f && key <= query && key >= doc_start) {
-          const float log_pp = sp[nt][e] * (p.proxy_scale_log2 * kLn2) - lse_p;
+          const float log_pp = sp[nt][e] * (p.shape.proxy_scale_log2 * kLn2) - lse_p;
           kl += t * (__logf(t) - log_pp);
         }
       }
@@ -379,10 +381,14 @@ void launch_forward(const ForwardKernelParams& params, cudaStream_t stream) {
   const auto kernel = forward_kernel<T, kD, kDp>;
   FLASH_MSA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const dim3 grid((params.seqlen + Cfg::kWarps - 1) / Cfg::kWarps, params.proxy_heads,
-                  params.batch);
+  const dim3 grid((params.shape.seqlen + Cfg::kWarps - 1) / Cfg::kWarps, params.shape.proxy_heads,
+                  params.shape.batch);
   kernel<<<grid, Cfg::kWarps * 32, Cfg::kSmemBytes, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable
+
+// One explicit instantiation for element type T (FLASH_MSA_INSTANTIATE, common/instantiate.h).
+#define FLASH_MSA_WARMUP_FORWARD_DIM(T, D, DP) \
+  template void launch_forward<T, D, DP>(const ForwardKernelParams&, cudaStream_t);

@@ -1,42 +1,66 @@
-// Kernel-private parameters of the portable dense (warmup) main-attention forward and its
-// launchers, explicitly instantiated per dtype (forward_bf16.cu, forward_fp16.cu) for the
-// supported (D, Dp) pairs.
+// Parameters and launchers of the portable dense (warmup) kernels of MSA, query-outer: the
+// forward (forward_kernel.cuh) and the backward (backward_kernel.cuh), explicitly instantiated
+// per dtype (forward_*.cu, backward_*.cu) for the supported (D, Dp) pairs. Warmup runs both
+// branches over every visible key (SPEC section 5).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
+#include "cuda/common/shape.h"
 #include "flash_msa/msa.h"
 
-namespace flash_msa::cuda::sm80 {
+namespace flash_msa::cuda::portable {
+
+// G = H / Hp main heads per proxy head share one 16-row MMA tile.
+inline constexpr int kMaxGroup = 16;
 
 struct ForwardKernelParams {
-  ConstView q;                // [B, H, S, D] strided
-  ConstView k;                // [B, Hk, S, D] strided, 16-byte aligned rows
-  ConstView v;                // [B, Hk, S, D] strided, 16-byte aligned rows
-  ConstView qp;               // [B, Hp, S, Dp] strided
-  ConstView kp;               // [B, Hpk, S, Dp] strided, 16-byte aligned rows
-  MutView out;                // [B, H, S, D] strided
+  ConstView q;                // [B, H, S, D] strided, 16-byte aligned rows (likewise every view)
+  ConstView k;                // [B, Hk, S, D]
+  ConstView v;                // [B, Hk, S, D]
+  ConstView qp;               // [B, Hp, S, Dp]
+  ConstView kp;               // [B, Hpk, S, Dp]
+  MutView out;                // [B, H, S, D]
   float* lse;                 // [B, H, S] contiguous
   float* lse_proxy;           // [B, Hp, S] contiguous
   float* kl_partial;          // [B, Hp, S] per-(query, proxy head) KL terms; null: no KL pass
   const int32_t* cu_seqlens;  // [num_docs + 1] offsets over B*S tokens; null: one doc per row
-  int num_docs;
-  int batch, seqlen, heads, proxy_heads;
-  int group;               // G = H / Hp main heads per proxy head (<= 16: one 16-row MMA tile)
-  int kv_group;            // H / Hk main heads per kv head
-  int proxy_group;         // Hp / Hpk proxy heads per proxy key head
-  float scale_log2;        // scale * log2(e)
-  float proxy_scale_log2;  // proxy_scale * log2(e)
+  KernelShape shape;
 };
 
-inline constexpr int kMaxGroup = 16;
+struct BackwardKernelParams {
+  ConstView q;                // [B, H, S, D] strided, 16-byte aligned rows (likewise every view)
+  ConstView k;                // [B, Hk, S, D]
+  ConstView v;                // [B, Hk, S, D]
+  ConstView qp;               // [B, Hp, S, Dp]
+  ConstView kp;               // [B, Hpk, S, Dp]
+  ConstView out;              // [B, H, S, D]
+  ConstView dout;             // [B, H, S, D]
+  MutView dq;                 // [B, H, S, D]
+  MutView dqp;                // [B, Hp, S, Dp]
+  MutView dk;                 // [B, Hk, S, D]
+  MutView dv;                 // [B, Hk, S, D]
+  MutView dkp;                // [B, Hpk, S, Dp]
+  const float* lse;           // [B, H, S] contiguous
+  const float* lse_proxy;     // [B, Hp, S] contiguous
+  const float* kl_grad;       // [1] upstream gradient w of kl; null: w = 0
+  const int32_t* cu_seqlens;  // [num_docs + 1] offsets over B*S tokens; null: one doc per row
+  float* delta;               // workspace [B, H, S]: <out, dout> per (head, token)
+  float* dk_part;             // workspace [B, Hp, S, D]: dk of the heads of one proxy group
+  float* dv_part;             // workspace [B, Hp, S, D]
+  float* dkp_part;            // workspace [B, Hp, S, Dp]: dkp from one proxy head
+  KernelShape shape;
+};
 
 template <class T, int kD, int kDp>
 void launch_forward(const ForwardKernelParams& params, cudaStream_t stream);
 
-// kl = sum(partial[0 .. n)) / n, in a fixed order (deterministic); one CTA.
-void launch_kl_reduce(const float* partial, int64_t n, float* kl, cudaStream_t stream);
+// Delta, dq/dqp (query-outer), dk/dv/dkp partials per proxy head (key-outer), and the
+// fixed-order reduction of the partials into the outputs.
+template <class T, int kD, int kDp>
+void launch_backward(const BackwardKernelParams& params, cudaStream_t stream);
 
-}  // namespace flash_msa::cuda::sm80
+}  // namespace flash_msa::cuda::portable
