@@ -18,10 +18,15 @@ namespace flash_msa {
 
 inline constexpr int64_t kBlockSize = 128;  // BS: tokens per key block (fixed by the method)
 
-enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);
+// The dtype of the statistics (lse, lse_proxy, kl, kl_grad) of a problem of `dtype`: float64
+// for float64 (the CPU backend's double-precision mode), float32 otherwise.
+inline DType stats_dtype(DType dtype) {
+  return dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+}
 
 class Error : public std::invalid_argument {
  public:
@@ -85,13 +90,15 @@ struct ForwardParams {
   ConstView k;                       // [B, Hk, S, D]
   ConstView v;                       // [B, Hk, S, D]
   MutView out;                       // [B, H, S, D]
-  float* lse = nullptr;              // [B, H, S] contiguous, natural log of scaled scores
-  float* lse_proxy = nullptr;        // [B, Hp, S] contiguous, proxy log-sum-exp over T(p, i)
-  float* kl = nullptr;               // [1], the KL loss value; null: not computed
+  // Statistics, in the stats dtype (stats_dtype: float32, float64 for a float64 problem).
+  void* lse = nullptr;        // [B, H, S] contiguous, natural log of scaled scores
+  void* lse_proxy = nullptr;  // [B, Hp, S] contiguous, proxy log-sum-exp over T(p, i)
+  void* kl = nullptr;         // [1], the KL loss value; null: not computed
 };
 
 // Backward over the cached selection: main gradients from dout, proxy gradients from the
 // KL weight w (read where it lives, never synchronised to the host). SPEC sections 4, 5.
+// Every backend is deterministic: gradients are bitwise reproducible run to run.
 struct BackwardParams {
   Problem problem;
   const int32_t* indices = nullptr;  // [B, Hp, S, K] contiguous; null in warmup
@@ -102,15 +109,15 @@ struct BackwardParams {
   ConstView v;                       // [B, Hk, S, D]
   ConstView out;                     // [B, H, S, D] forward output
   ConstView dout;                    // [B, H, S, D] upstream gradient of out
-  const float* lse = nullptr;        // [B, H, S] contiguous, from the forward
-  const float* lse_proxy = nullptr;  // [B, Hp, S] contiguous, from the forward
-  const float* kl_grad = nullptr;    // [1] upstream gradient w of kl; null: w = 0
+  // Statistics, in the stats dtype (stats_dtype: float32, float64 for a float64 problem).
+  const void* lse = nullptr;        // [B, H, S] contiguous, from the forward
+  const void* lse_proxy = nullptr;  // [B, Hp, S] contiguous, from the forward
+  const void* kl_grad = nullptr;    // [1] upstream gradient w of kl; null: w = 0
   MutView dqp;                       // [B, Hp, S, Dp]
   MutView dkp;                       // [B, Hpk, S, Dp]
   MutView dq;                        // [B, H, S, D]
   MutView dk;                        // [B, Hk, S, D]
   MutView dv;                        // [B, Hk, S, D]
-  bool deterministic = false;        // bitwise-reproducible gradients (may be slower)
 };
 
 // Validation shared by every backend; each throws flash_msa::Error.

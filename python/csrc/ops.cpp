@@ -39,14 +39,34 @@ DType dtype_of(const at::Tensor& t, const char* name) {
   switch (t.scalar_type()) {
     case at::kFloat:
       return DType::kFloat32;
+    case at::kDouble:
+      check_value(!t.is_cuda(), std::string("flash_msa: ") + name +
+                                    ": float64 runs on the CPU backend only (the CUDA kernels "
+                                    "take bfloat16 or float16), got float64 on " +
+                                    t.device().str());
+      return DType::kFloat64;
     case at::kHalf:
       return DType::kFloat16;
     case at::kBFloat16:
       return DType::kBFloat16;
     default:
       throw Error(std::string("flash_msa: ") + name +
-                  ": expected float32, float16 or bfloat16, got " + dtype_str(t.scalar_type()));
+                  ": expected float32, float64 (CPU only), float16 or bfloat16, got " +
+                  dtype_str(t.scalar_type()));
   }
+}
+
+// The dtype of the statistics (lse, lse_proxy, kl, kl_grad): float32, or float64 for float64
+// inputs, whose CPU backend keeps double precision throughout (include/flash_msa/cpu.h).
+at::ScalarType stats_type(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// A statistics tensor as the float* of the params structs; it holds doubles for float64 inputs,
+// as the CPU backend expects (include/flash_msa/cpu.h).
+float* stats_ptr(const at::Tensor& t) { return static_cast<float*>(t.mutable_data_ptr()); }
+const float* const_stats_ptr(const at::Tensor& t) {
+  return static_cast<const float*>(t.const_data_ptr());
 }
 
 // The C++ views need a unit channel stride and token rows that do not overlap; any other layout
@@ -111,9 +131,9 @@ at::Tensor set_documents(Problem& problem, const std::optional<at::Tensor>& cu_s
   return contiguous;
 }
 
-// The problem of a full operation; `top_k` is the number of selected blocks (0 in warmup).
+// The problem of a full operation; `top_k_blocks` is the number of selected blocks (0 in warmup).
 Problem make_problem(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q,
-                     const at::Tensor& k, int64_t top_k, double scale, double proxy_scale) {
+                     const at::Tensor& k, int64_t top_k_blocks, double scale, double proxy_scale) {
   return {.batch = q.size(0),
           .seqlen = q.size(2),
           .heads = q.size(1),
@@ -122,7 +142,7 @@ Problem make_problem(const at::Tensor& qp, const at::Tensor& kp, const at::Tenso
           .proxy_kv_heads = kp.size(1),
           .head_dim = q.size(3),
           .proxy_head_dim = qp.size(3),
-          .top_k = top_k,
+          .top_k = top_k_blocks,
           .scale = static_cast<float>(scale),
           .proxy_scale = static_cast<float>(proxy_scale),
           .dtype = dtype_of(q, "q")};
@@ -149,10 +169,10 @@ at::Tensor checked_indices(const at::Tensor& indices, const at::Tensor& qp) {
 
 at::Tensor checked_stats(const at::Tensor& t, const at::Tensor& ref, int64_t heads,
                          const char* name) {
-  check_value(t.scalar_type() == at::kFloat && t.dim() == 3 && t.size(0) == ref.size(0) &&
+  check_value(t.scalar_type() == stats_type(ref) && t.dim() == 3 && t.size(0) == ref.size(0) &&
                   t.size(1) == heads && t.size(2) == ref.size(2),
-              std::string("flash_msa: ") + name + ": expected float32 [" +
-                  std::to_string(ref.size(0)) + ", " + std::to_string(heads) + ", " +
+              std::string("flash_msa: ") + name + ": expected " + dtype_str(stats_type(ref)) +
+                  " [" + std::to_string(ref.size(0)) + ", " + std::to_string(heads) + ", " +
                   std::to_string(ref.size(2)) + "], got " + dtype_str(t.scalar_type()) + " " +
                   shape_str(t.sizes()));
   check_same_device(ref, t, name);
@@ -171,17 +191,17 @@ cuda::Workspace workspace(size_t bytes, const at::Tensor& like, at::Tensor& hold
 
 }  // namespace
 
-at::Tensor select(const at::Tensor& qp_in, const at::Tensor& kp_in, int64_t top_k,
+at::Tensor select(const at::Tensor& qp_in, const at::Tensor& kp_in, int64_t top_k_blocks,
                   double proxy_scale, const std::optional<at::Tensor>& cu_seqlens) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy");
   const at::Tensor kp = kernel_layout(kp_in, "k_proxy");
   check_like(kp, qp, "k_proxy");
   // Selection reads only the proxy branch: the main-head fields mirror the proxy ones so that
   // the shared validation sees a consistent problem.
-  Problem problem = make_problem(qp, kp, qp, kp, top_k, proxy_scale, proxy_scale);
+  Problem problem = make_problem(qp, kp, qp, kp, top_k_blocks, proxy_scale, proxy_scale);
   const at::Tensor cu = set_documents(problem, cu_seqlens, qp);
-  at::Tensor indices =
-      at::empty({qp.size(0), qp.size(1), qp.size(2), top_k}, qp.options().dtype(at::kInt));
+  at::Tensor indices = at::empty({qp.size(0), qp.size(1), qp.size(2), top_k_blocks},
+                                 qp.options().dtype(at::kInt));
   const SelectParams params{.problem = problem,
                             .qp = const_view(qp),
                             .kp = const_view(kp),
@@ -218,11 +238,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
 
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
   const at::Tensor out = at::empty({B, S, H, D}, q.options());
-  const at::TensorOptions f32 = q.options().dtype(at::kFloat);
-  at::Tensor lse = at::empty({B, H, S}, f32);
-  at::Tensor lse_proxy = at::empty({B, qp.size(1), S}, f32);
+  const at::TensorOptions stats = q.options().dtype(stats_type(q));
+  at::Tensor lse = at::empty({B, H, S}, stats);
+  at::Tensor lse_proxy = at::empty({B, qp.size(1), S}, stats);
   // Without compute_kl, kl is 0: still the output whose gradient drives the proxy branch.
-  at::Tensor kl = compute_kl ? at::empty({}, f32) : at::zeros({}, f32);
+  at::Tensor kl = compute_kl ? at::empty({}, stats) : at::zeros({}, stats);
   const ForwardParams params{.problem = problem,
                              .indices = warmup ? nullptr : indices.const_data_ptr<int32_t>(),
                              .qp = const_view(qp),
@@ -231,9 +251,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
                              .k = const_view(k),
                              .v = const_view(v),
                              .out = mut_view(out.permute({0, 2, 1, 3})),
-                             .lse = lse.mutable_data_ptr<float>(),
-                             .lse_proxy = lse_proxy.mutable_data_ptr<float>(),
-                             .kl = compute_kl ? kl.mutable_data_ptr<float>() : nullptr};
+                             .lse = stats_ptr(lse),
+                             .lse_proxy = stats_ptr(lse_proxy),
+                             .kl = compute_kl ? stats_ptr(kl) : nullptr};
   if (on_cuda(q)) {
 #ifdef FLASH_MSA_WITH_CUDA
     const c10::cuda::CUDAGuard guard(q.device());
@@ -253,7 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& kp_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& lse_proxy_in,
     const std::optional<at::Tensor>& indices_in, double scale, double proxy_scale,
-    const std::optional<at::Tensor>& cu_seqlens, bool deterministic) {
+    const std::optional<at::Tensor>& cu_seqlens) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy"), kp = kernel_layout(kp_in, "k_proxy");
   const at::Tensor q = kernel_layout(q_in, "q"), k = kernel_layout(k_in, "k"),
                    v = kernel_layout(v_in, "v");
@@ -273,7 +293,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     check_value(kl_grad_in->numel() == 1,
                 "flash_msa: kl_grad: expected one element, got " + shape_str(kl_grad_in->sizes()));
     check_same_device(q, *kl_grad_in, "kl_grad");
-    kl_grad = kl_grad_in->to(at::kFloat).contiguous();
+    kl_grad = kl_grad_in->to(stats_type(q)).contiguous();
   }
   const bool warmup = !indices_in.has_value();
   const at::Tensor indices = warmup ? at::Tensor() : checked_indices(*indices_in, qp);
@@ -293,15 +313,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
       .v = const_view(v),
       .out = const_view(out),
       .dout = const_view(dout),
-      .lse = lse.const_data_ptr<float>(),
-      .lse_proxy = lse_proxy.const_data_ptr<float>(),
-      .kl_grad = kl_grad.defined() ? kl_grad.const_data_ptr<float>() : nullptr,
+      .lse = const_stats_ptr(lse),
+      .lse_proxy = const_stats_ptr(lse_proxy),
+      .kl_grad = kl_grad.defined() ? const_stats_ptr(kl_grad) : nullptr,
       .dqp = mut_view(dqp),
       .dkp = mut_view(dkp),
       .dq = mut_view(dq),
       .dk = mut_view(dk),
-      .dv = mut_view(dv),
-      .deterministic = deterministic};
+      .dv = mut_view(dv)};
   if (on_cuda(q)) {
 #ifdef FLASH_MSA_WITH_CUDA
     const c10::cuda::CUDAGuard guard(q.device());

@@ -12,29 +12,30 @@
 
 namespace flash_msa::torch_ext {
 
-// Proxy selection. qp [B, Hp, S, Dp], kp [B, Hpk, S, Dp] -> indices int32 [B, Hp, S, top_k]
-// (blocks ascending, -1 padding).
-at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k, double proxy_scale,
-                  const std::optional<at::Tensor>& cu_seqlens);
+// Proxy selection. qp [B, Hp, S, Dp], kp [B, Hpk, S, Dp] -> indices int32
+// [B, Hp, S, top_k_blocks] (blocks of 128 keys ascending, -1 padding).
+at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k_blocks,
+                  double proxy_scale, const std::optional<at::Tensor>& cu_seqlens);
 
 // Forward of both branches: sparse over `indices`, or dense (warmup) when `indices` is absent.
-// Returns out [B, S, H*D] (token-major, as Flash-MSA), kl (0-dim fp32: the KL value when
-// compute_kl, else 0), lse fp32 [B, H, S] and lse_proxy fp32 [B, Hp, S]; the last two exist for
-// the backward.
+// Returns out [B, S, H*D] (token-major, as Flash-MSA), kl (0-dim: the KL value when
+// compute_kl, else 0), lse [B, H, S] and lse_proxy [B, Hp, S]; the last two exist for the
+// backward. The statistics kl, lse, lse_proxy are fp32, or float64 for float64 inputs (CPU).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& indices, double scale,
     double proxy_scale, const std::optional<at::Tensor>& cu_seqlens, bool compute_kl);
 
 // Backward over the cached selection (or dense when `indices` is absent). dout [B, S, H*D] is
-// the gradient of out; kl_grad (0-dim fp32, may be absent: weight 0) that of kl, read on the
-// device. Returns dqp, dkp, dq, dk, dv shaped like their inputs.
+// the gradient of out; kl_grad (one element, may be absent: weight 0) that of kl, read on the
+// device. Returns dqp, dkp, dq, dk, dv shaped like their inputs. Every path is deterministic:
+// the gradients are bitwise reproducible (on the CPU for a fixed thread count).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& dout, const std::optional<at::Tensor>& kl_grad, const at::Tensor& qp,
     const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& lse_proxy,
     const std::optional<at::Tensor>& indices, double scale, double proxy_scale,
-    const std::optional<at::Tensor>& cu_seqlens, bool deterministic);
+    const std::optional<at::Tensor>& cu_seqlens);
 
 // True when this build holds the CUDA kernels (FLASH_MSA_WITH_CUDA).
 bool built_with_cuda();

@@ -6,9 +6,15 @@ Tensors are head-major (B, heads, S, D) as in Flash-MSA; the attention output is
 reported in the caller's terms; values that only the data can reveal (cu_seqlens offsets,
 user-supplied indices) are checked by the C++ core on the CPU, never on the GPU (that would
 need a host sync).
+
+Every function takes its tensors and its selection (``top_k`` in tokens, ``top_k_blocks`` in
+blocks, or ``indices``) positionally; everything after them is keyword-only, in one order:
+``scale``, ``proxy_scale``, ``cu_seqlens``, then the flags.
 """
 
 import math
+import numbers
+import operator
 from typing import Optional
 
 import torch
@@ -17,11 +23,27 @@ from torch import Tensor
 from . import ops
 
 BLOCK_SIZE = 128  # tokens per key block, fixed by the method
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# float64 runs on the CPU backend only (double precision throughout, e.g. for gradcheck).
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+_DIM_NAMES = ("batch", "heads", "seqlen", "head_dim")
+_PROXY_DIM_NAMES = ("batch", "proxy heads", "seqlen", "proxy head_dim")
 
 
 def _fail(message: str):
     raise ValueError(f"flash_msa: {message}")
+
+
+def _integer(value) -> Optional[int]:
+    """``value`` as an int when it is integral (int, numpy integer, 0-d integer tensor), else
+    None. Booleans are not integers here."""
+    if isinstance(value, bool) or (
+        isinstance(value, Tensor) and (value.dtype == torch.bool or value.dim() != 0)
+    ):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _check_tensor(name: str, t, ref: Optional[Tensor] = None) -> None:
@@ -29,8 +51,17 @@ def _check_tensor(name: str, t, ref: Optional[Tensor] = None) -> None:
         _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 4:
         _fail(f"{name}: expected a 4-D tensor (B, heads, S, head_dim), got shape {tuple(t.shape)}")
+    dim_names = _PROXY_DIM_NAMES if name in ("q_proxy", "k_proxy") else _DIM_NAMES
+    for dim_name, size in zip(dim_names, t.shape):
+        if size < 1:
+            _fail(f"{name}: expected {dim_name} >= 1, got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
-        _fail(f"{name}: expected bfloat16, float16 or float32, got {t.dtype}")
+        _fail(f"{name}: expected bfloat16, float16, float32 or float64 (CPU only), got {t.dtype}")
+    if t.dtype == torch.float64 and t.device.type != "cpu":
+        _fail(
+            f"{name}: float64 runs on the CPU backend only (the CUDA kernels take bfloat16 or "
+            f"float16), got float64 on {t.device}"
+        )
     if ref is not None:
         if t.dtype != ref.dtype:
             _fail(f"{name}: expected dtype {ref.dtype} (that of q_proxy), got {t.dtype}")
@@ -63,7 +94,7 @@ def _check_cu_seqlens(cu_seqlens: Optional[Tensor], ref: Tensor) -> None:
 
 
 def _check_scale(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         _fail(f"{name}: expected a float or None, got {type(value).__name__}")
     if not (math.isfinite(value) and value > 0):
         _fail(f"{name}: expected a finite positive number, got {value}")
@@ -105,9 +136,26 @@ def _scales(q_proxy: Tensor, q: Tensor, scale, proxy_scale) -> tuple[float, floa
 
 
 def _check_top_k_blocks(top_k_blocks) -> int:
-    if isinstance(top_k_blocks, bool) or not isinstance(top_k_blocks, int) or top_k_blocks < 1:
-        _fail(f"top_k_blocks: expected an int >= 1 (blocks of {BLOCK_SIZE} tokens), got {top_k_blocks!r}")
-    return top_k_blocks
+    """The number of selected blocks (of BLOCK_SIZE tokens each)."""
+    value = _integer(top_k_blocks)
+    if value is None or value < 1:
+        _fail(
+            f"top_k_blocks: expected an int >= 1 (a number of blocks of {BLOCK_SIZE} tokens), "
+            f"got {top_k_blocks!r}"
+        )
+    return value
+
+
+def _check_top_k(top_k, where: str = "") -> int:
+    """A token count ``top_k`` (a positive multiple of BLOCK_SIZE, any integral type) as an int;
+    ``where`` prefixes the argument's name in the message."""
+    value = _integer(top_k)
+    if value is None or value < BLOCK_SIZE or value % BLOCK_SIZE:
+        _fail(
+            f"{where}top_k: expected a positive multiple of {BLOCK_SIZE} tokens (an integer; "
+            f"top_k // {BLOCK_SIZE} blocks are selected), got {top_k!r}"
+        )
+    return value
 
 
 def _check_indices(indices, q_proxy: Tensor) -> None:
@@ -132,6 +180,7 @@ def select_blocks(
     q_proxy: Tensor,
     k_proxy: Tensor,
     top_k_blocks: int,
+    *,
     proxy_scale: Optional[float] = None,
     cu_seqlens: Optional[Tensor] = None,
 ) -> Tensor:
@@ -140,7 +189,9 @@ def select_blocks(
     q_proxy (B, Hp, S, Dp), k_proxy (B, Hpk, S, Dp) -> int32 (B, Hp, S, top_k_blocks): the
     selected blocks of 128 keys per query and proxy head, ascending, the own block always
     among them, then -1 where fewer blocks are visible. Ties go to the lower block index.
-    ``proxy_scale`` defaults to Dp**-0.5 (a positive scale does not change the ranking).
+    ``top_k_blocks`` counts blocks (``flash_msa_func``'s ``top_k`` counts tokens:
+    ``top_k_blocks = top_k // 128``). ``proxy_scale`` defaults to Dp**-0.5 (a positive scale
+    does not change the ranking).
     """
     _check_proxy(q_proxy, k_proxy)
     _check_cu_seqlens(cu_seqlens, q_proxy)
@@ -151,12 +202,10 @@ def select_blocks(
     return ops.select(q_proxy, k_proxy, top_k_blocks, proxy_scale, cu_seqlens)
 
 
-def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic,
-               compute_kl):
+def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl):
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     out, kl, _, _ = ops.forward(
-        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(deterministic),
-        bool(compute_kl),
+        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(compute_kl)
     )
     return out, kl
 
@@ -168,26 +217,26 @@ def sparse_attention(
     k: Tensor,
     v: Tensor,
     indices: Tensor,
+    *,
     scale: Optional[float] = None,
     proxy_scale: Optional[float] = None,
     cu_seqlens: Optional[Tensor] = None,
-    *,
-    deterministic: bool = False,
     compute_kl: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Main attention over given blocks plus the KL alignment loss (SPEC sections 2-4).
 
     ``indices`` int32 (B, Hp, S, K) in the form :func:`select_blocks` returns: per row,
-    strictly ascending visible blocks that include the query's own block, then -1 padding
-    (the CPU backend checks this and raises ValueError).
-    Returns (out (B, S, H*D), kl 0-dim fp32), differentiable w.r.t. q, k, v (through out)
-    and q_proxy, k_proxy (through kl). ``compute_kl=False`` skips the KL value (kl is then 0
-    but still carries the proxy gradients; see docs/python.md for its cost).
+    strictly ascending visible blocks (of 128 keys) that include the query's own block, then
+    -1 padding (the CPU backend checks this and raises ValueError).
+    Returns (out (B, S, H*D), kl 0-dim fp32, float64 for float64 inputs), differentiable
+    w.r.t. q, k, v (through out) and q_proxy, k_proxy (through kl). ``compute_kl=False`` skips
+    the KL value (kl is then 0 but still carries the proxy gradients; see docs/python.md for
+    its cost).
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
     _check_indices(indices, q_proxy)
     return _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens,
-                      deterministic, compute_kl)
+                      compute_kl)
 
 
 def flash_msa_func(
@@ -197,32 +246,31 @@ def flash_msa_func(
     k: Tensor,
     v: Tensor,
     top_k: int,
-    scale: Optional[float] = None,
-    cu_seqlens: Optional[Tensor] = None,
-    proxy_scale: Optional[float] = None,
     *,
+    scale: Optional[float] = None,
+    proxy_scale: Optional[float] = None,
+    cu_seqlens: Optional[Tensor] = None,
     return_kl: bool = True,
-    deterministic: bool = False,
     compute_kl: bool = True,
 ):
     """MiniMax Sparse Attention, Flash-MSA's call: select, then sparse attention + KL.
 
     q_proxy (B, Hp, S, Dp), k_proxy (B, Hpk, S, Dp), q (B, H, S, D), k and v (B, Hk, S, D),
-    all of one dtype on one device. ``top_k`` counts tokens: a multiple of 128, K = top_k // 128
-    blocks (K may exceed the number of blocks). Returns (out (B, S, H*D), kl_loss) where
-    kl_loss is the true KL value (0-dim fp32); adding it to the loss trains the proxy, with
-    gradients scaled by its upstream gradient. ``return_kl=False`` returns out alone.
+    all of one dtype on one device. ``top_k`` counts tokens: a positive multiple of 128 (any
+    integral type), K = top_k // 128 blocks (K may exceed the number of blocks). Returns
+    (out (B, S, H*D), kl_loss) where kl_loss is the true KL value (0-dim fp32, float64 for
+    float64 inputs); adding it to the loss trains the proxy, with gradients scaled by its
+    upstream gradient. ``return_kl=False`` returns out alone.
     ``compute_kl=False`` skips computing the KL value: kl_loss is then 0 (Flash-MSA's
     placeholder) and still trains the proxy through its gradient; the value costs a second pass
     over the selected blocks (docs/python.md gives the measured cost).
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < BLOCK_SIZE or top_k % BLOCK_SIZE:
-        _fail(f"top_k: expected a positive multiple of {BLOCK_SIZE} tokens, got {top_k!r}")
+    top_k = _check_top_k(top_k)
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     indices = ops.select(q_proxy, k_proxy, top_k // BLOCK_SIZE, proxy, cu_seqlens)
     out, kl = _attention(q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens,
-                         deterministic, compute_kl)
+                         compute_kl)
     return (out, kl) if return_kl else out
 
 
@@ -233,20 +281,19 @@ def flash_msa_warmup_func(
     k: Tensor,
     v: Tensor,
     top_k: Optional[int] = None,
-    scale: Optional[float] = None,
-    cu_seqlens: Optional[Tensor] = None,
-    proxy_scale: Optional[float] = None,
     *,
+    scale: Optional[float] = None,
+    proxy_scale: Optional[float] = None,
+    cu_seqlens: Optional[Tensor] = None,
     return_kl: bool = True,
-    deterministic: bool = False,
     compute_kl: bool = True,
 ):
     """Warmup phase (SPEC section 5): dense causal attention, KL against the dense teacher.
 
-    Same arguments and results as :func:`flash_msa_func`; ``top_k`` is ignored (kept so that
-    the two functions are interchangeable).
+    Same arguments and results as :func:`flash_msa_func`; ``top_k`` (tokens) is ignored, kept
+    so that the two functions are interchangeable.
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
     out, kl = _attention(q_proxy, k_proxy, q, k, v, None, scale, proxy_scale, cu_seqlens,
-                         deterministic, compute_kl)
+                         compute_kl)
     return (out, kl) if return_kl else out

@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .interface import BLOCK_SIZE, flash_msa_func, flash_msa_warmup_func
+from .interface import _check_top_k, _integer, flash_msa_func, flash_msa_warmup_func
 
 
 def apply_rope(x: Tensor, base: float) -> Tensor:
@@ -27,6 +27,13 @@ def apply_rope(x: Tensor, base: float) -> Tensor:
     return rotated.to(x.dtype)
 
 
+def _size(name: str, value) -> int:
+    size = _integer(value)
+    if size is None or size < 1:
+        raise ValueError(f"flash_msa: MSAAttention: {name}: expected an int >= 1, got {value!r}")
+    return size
+
+
 class MSAAttention(nn.Module):
     """hidden (B, S, hidden_size) -> (out (B, S, hidden_size), kl_loss).
 
@@ -35,7 +42,8 @@ class MSAAttention(nn.Module):
     (num_proxy_heads heads sharing num_proxy_kv_heads key heads, proxy_head_dim each) with RoPE,
     fed from ``hidden.detach()`` so the KL trains only the index projections (the paper's
     gradient detach). Add ``kl_loss`` (times a weight) to the training loss; set ``warmup``
-    to True for the dense warmup phase. ``top_k`` counts tokens (a multiple of 128).
+    to True for the dense warmup phase. ``top_k`` counts tokens (a multiple of 128); it and
+    every argument after it are keyword-only.
     """
 
     def __init__(
@@ -47,11 +55,11 @@ class MSAAttention(nn.Module):
         num_proxy_heads: Optional[int] = None,
         num_proxy_kv_heads: int = 1,
         proxy_head_dim: Optional[int] = None,
+        *,
         top_k: int = 2048,
         rope_base: float = 10000.0,
         warmup: bool = False,
         bias: bool = False,
-        deterministic: bool = False,
         compute_kl: bool = True,
         device=None,
         dtype=None,
@@ -59,25 +67,29 @@ class MSAAttention(nn.Module):
         super().__init__()
         num_proxy_heads = num_kv_heads if num_proxy_heads is None else num_proxy_heads
         proxy_head_dim = head_dim if proxy_head_dim is None else proxy_head_dim
+        hidden_size, head_dim = _size("hidden_size", hidden_size), _size("head_dim", head_dim)
+        num_heads, num_kv_heads = _size("num_heads", num_heads), _size("num_kv_heads", num_kv_heads)
+        num_proxy_heads = _size("num_proxy_heads", num_proxy_heads)
+        num_proxy_kv_heads = _size("num_proxy_kv_heads", num_proxy_kv_heads)
+        proxy_head_dim = _size("proxy_head_dim", proxy_head_dim)
         for name, a, b in (
             ("num_heads", num_heads, num_kv_heads),
             ("num_heads", num_heads, num_proxy_heads),
             ("num_proxy_heads", num_proxy_heads, num_proxy_kv_heads),
         ):
-            if b < 1 or a % b:
+            if a % b:
                 raise ValueError(f"flash_msa: MSAAttention: {name} ({a}) must be a multiple of {b}")
         if head_dim % 2 or proxy_head_dim % 2:
             raise ValueError(
                 f"flash_msa: MSAAttention: RoPE needs even head dims, got head_dim {head_dim}, "
                 f"proxy_head_dim {proxy_head_dim}"
             )
-        if top_k < BLOCK_SIZE or top_k % BLOCK_SIZE:
-            raise ValueError(f"flash_msa: MSAAttention: top_k must be a positive multiple of {BLOCK_SIZE}, got {top_k}")
+        top_k = _check_top_k(top_k, "MSAAttention: ")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.num_proxy_heads, self.num_proxy_kv_heads = num_proxy_heads, num_proxy_kv_heads
         self.proxy_head_dim = proxy_head_dim
         self.top_k, self.rope_base, self.warmup = top_k, rope_base, warmup
-        self.deterministic, self.compute_kl = deterministic, compute_kl
+        self.compute_kl = compute_kl
         factory = dict(device=device, dtype=dtype)
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
@@ -92,6 +104,14 @@ class MSAAttention(nn.Module):
         return x.unflatten(-1, (heads, -1)).transpose(1, 2)
 
     def forward(self, hidden: Tensor, cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        hidden_size = self.q_proj.in_features
+        if not isinstance(hidden, Tensor) or hidden.dim() != 3 or hidden.shape[-1] != hidden_size:
+            got = (f"shape {tuple(hidden.shape)}" if isinstance(hidden, Tensor)
+                   else type(hidden).__name__)
+            raise ValueError(
+                f"flash_msa: MSAAttention: hidden: expected a 3-D tensor (B, S, hidden_size="
+                f"{hidden_size}), got {got}"
+            )
         base = self.rope_base
         q = apply_rope(self._heads(self.q_proj(hidden), self.num_heads), base)
         k = apply_rope(self._heads(self.k_proj(hidden), self.num_kv_heads), base)
@@ -102,6 +122,6 @@ class MSAAttention(nn.Module):
         attend = flash_msa_warmup_func if self.warmup else flash_msa_func
         out, kl = attend(
             q_proxy, k_proxy, q, k, v, self.top_k, cu_seqlens=cu_seqlens,
-            deterministic=self.deterministic, compute_kl=self.compute_kl,
+            compute_kl=self.compute_kl,
         )
         return self.o_proj(out), kl

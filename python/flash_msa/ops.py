@@ -7,7 +7,12 @@ that calls ``backward``. None of them reads a tensor value on the host: on CUDA 
 enqueue kernels on the current stream, so they can be captured in a CUDA graph.
 
 The arguments are checked by the public functions in ``interface.py``; these ops are the raw
-layer underneath.
+layer underneath. Their arguments are positional (torch custom ops cannot take tensors as
+keyword-only arguments), in the order of the public functions: ``scale``, ``proxy_scale``,
+``cu_seqlens``. ``select`` takes ``top_k_blocks`` in blocks of 128 keys.
+
+The statistics (kl, lse, lse_proxy, kl_grad) are float32, or float64 for float64 inputs (which
+run on the CPU only, in double precision throughout).
 """
 
 from typing import Optional
@@ -18,18 +23,22 @@ from torch import Tensor
 from . import _C
 
 
+def _stats_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 @torch.library.custom_op("flash_msa::select", mutates_args=())
 def select(
-    qp: Tensor, kp: Tensor, top_k: int, proxy_scale: float, cu_seqlens: Optional[Tensor]
+    qp: Tensor, kp: Tensor, top_k_blocks: int, proxy_scale: float, cu_seqlens: Optional[Tensor]
 ) -> Tensor:
-    """Indices int32 [B, Hp, S, top_k]: selected blocks ascending, then -1 padding."""
-    return _C.select(qp, kp, top_k, proxy_scale, cu_seqlens)
+    """Indices int32 [B, Hp, S, top_k_blocks]: selected blocks ascending, then -1 padding."""
+    return _C.select(qp, kp, top_k_blocks, proxy_scale, cu_seqlens)
 
 
 @select.register_fake
-def _select_fake(qp, kp, top_k, proxy_scale, cu_seqlens):
+def _select_fake(qp, kp, top_k_blocks, proxy_scale, cu_seqlens):
     batch, proxy_heads, seqlen, _ = qp.shape
-    return qp.new_empty((batch, proxy_heads, seqlen, top_k), dtype=torch.int32)
+    return qp.new_empty((batch, proxy_heads, seqlen, top_k_blocks), dtype=torch.int32)
 
 
 @torch.library.custom_op("flash_msa::forward", mutates_args=())
@@ -43,28 +52,25 @@ def forward(
     scale: float,
     proxy_scale: float,
     cu_seqlens: Optional[Tensor],
-    deterministic: bool,
     compute_kl: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(out [B, S, H*D], kl 0-dim fp32, lse fp32 [B, H, S], lse_proxy fp32 [B, Hp, S]).
+    """(out [B, S, H*D], kl 0-dim, lse [B, H, S], lse_proxy [B, Hp, S]).
 
     ``indices`` None runs warmup (dense). ``kl`` holds the KL value when ``compute_kl``, else 0
-    (its gradient drives the proxy branch either way). ``deterministic`` is not used by the
-    forward; it is an argument here so that the autograd formula can hand it to the backward.
+    (its gradient drives the proxy branch either way).
     """
     return _C.forward(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl)
 
 
 @forward.register_fake
-def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic,
-                  compute_kl):
+def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl):
     batch, heads, seqlen, head_dim = q.shape
-    f32 = torch.float32
+    stats = _stats_dtype(q)
     return (
         q.new_empty((batch, seqlen, heads * head_dim)),
-        q.new_empty((), dtype=f32),
-        q.new_empty((batch, heads, seqlen), dtype=f32),
-        q.new_empty((batch, qp.shape[1], seqlen), dtype=f32),
+        q.new_empty((), dtype=stats),
+        q.new_empty((batch, heads, seqlen), dtype=stats),
+        q.new_empty((batch, qp.shape[1], seqlen), dtype=stats),
     )
 
 
@@ -84,16 +90,16 @@ def backward(
     scale: float,
     proxy_scale: float,
     cu_seqlens: Optional[Tensor],
-    deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dqp, dkp, dq, dk, dv), contiguous and shaped like qp, kp, q, k, v.
 
     Main gradients come from ``dout`` [B, S, H*D]; proxy gradients from the KL weight
-    ``kl_grad`` (0-dim fp32 on the device; None means 0).
+    ``kl_grad`` (0-dim on the device; None means 0). Bitwise reproducible: no path uses
+    floating-point atomics, and the CPU backend sums per-thread parts in a fixed order.
     """
     return _C.backward(
         dout, kl_grad, qp, kp, q, k, v, out, lse, lse_proxy, indices, scale, proxy_scale,
-        cu_seqlens, deterministic,
+        cu_seqlens,
     )
 
 
@@ -103,12 +109,11 @@ def _backward_fake(dout, kl_grad, qp, kp, q, k, v, *rest):
 
 
 def _forward_setup_context(ctx, inputs, output):
-    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, deterministic, _ = inputs
+    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, _ = inputs
     out, _, lse, lse_proxy = output
     ctx.save_for_backward(qp, kp, q, k, v, out, lse, lse_proxy, indices, cu_seqlens)
     ctx.scale = scale
     ctx.proxy_scale = proxy_scale
-    ctx.deterministic = deterministic
     # The statistics are outputs only so that the backward can reuse them.
     ctx.mark_non_differentiable(lse, lse_proxy)
     # An unused output (out or kl) then reaches the backward as None, and the branch it feeds
@@ -123,13 +128,13 @@ def _forward_backward(ctx, dout, kl_grad, _dlse, _dlse_proxy):
     # without a host sync.
     dqp, dkp, dq, dk, dv = backward(
         torch.zeros_like(out) if dout is None else dout, kl_grad, qp, kp, q, k, v, out, lse,
-        lse_proxy, indices, ctx.scale, ctx.proxy_scale, cu_seqlens, ctx.deterministic,
+        lse_proxy, indices, ctx.scale, ctx.proxy_scale, cu_seqlens,
     )
     if dout is None:
         dq = dk = dv = None
     if kl_grad is None:
         dqp = dkp = None
-    return (dqp, dkp, dq, dk, dv, None, None, None, None, None, None)
+    return (dqp, dkp, dq, dk, dv, None, None, None, None, None)
 
 
 forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)

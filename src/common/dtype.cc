@@ -11,19 +11,23 @@ const char* dtype_name(DType dtype) {
       return "float16";
     case DType::kBFloat16:
       return "bfloat16";
+    case DType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
+    case DType::kFloat64:
+      return 8;
     case DType::kFloat32:
       return 4;
     case DType::kFloat16:
     case DType::kBFloat16:
       return 2;
   }
-  fail("dtype", "float32, float16 or bfloat16", str(static_cast<int32_t>(dtype)));
+  fail("dtype", "float32, float64, float16 or bfloat16", str(static_cast<int32_t>(dtype)));
 }
 
 }  // namespace flash_msa

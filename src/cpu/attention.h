@@ -1,6 +1,6 @@
 // Per-query building blocks shared by the forward and backward of both modes: the G main heads
 // of one proxy group are processed together so that each tile of attended keys is read once
-// per query for all of them.
+// per query for all of them. T is the compute type (kernels.h).
 #pragma once
 
 #include <cstdint>
@@ -37,11 +37,12 @@ inline bool same_kv(const Dims& d, int64_t h0, int64_t g) {
 
 // out[g * n + x] = <rows[g], key x of kv head kv_head(h0 + g)> for the G heads from h0, over the
 // n attended keys.
-inline void group_dots(const Dims& d, int64_t b, int64_t h0, const float* rows, const Packed& keys,
-                       const KeyRange* ranges, int64_t num_ranges, float* out, int64_t n) {
+template <class T>
+void group_dots(const Dims& d, int64_t b, int64_t h0, const T* rows, const Packed<T>& keys,
+                const KeyRange* ranges, int64_t num_ranges, T* out, int64_t n) {
   for_each_key_tile(ranges, num_ranges, [&](int64_t j, int64_t len, int64_t x) {
     for (int64_t g = 0; g < d.G;) {
-      const float* k = keys.row(b, d.kv_head(h0 + g), j);
+      const T* k = keys.row(b, d.kv_head(h0 + g), j);
       if (same_kv(d, h0, g)) {
         dots2(rows + g * d.D, rows + (g + 1) * d.D, k, len, d.D, out + g * n + x,
               out + (g + 1) * n + x);
@@ -55,11 +56,12 @@ inline void group_dots(const Dims& d, int64_t b, int64_t h0, const float* rows, 
 }
 
 // acc[g] += sum_x coef[g * n + x] * (key x of kv head kv_head(h0 + g)).
-inline void group_axpy(const Dims& d, int64_t b, int64_t h0, const float* coef, const Packed& keys,
-                       const KeyRange* ranges, int64_t num_ranges, int64_t n, float* acc) {
+template <class T>
+void group_axpy(const Dims& d, int64_t b, int64_t h0, const T* coef, const Packed<T>& keys,
+                const KeyRange* ranges, int64_t num_ranges, int64_t n, T* acc) {
   for_each_key_tile(ranges, num_ranges, [&](int64_t j, int64_t len, int64_t x) {
     for (int64_t g = 0; g < d.G;) {
-      const float* k = keys.row(b, d.kv_head(h0 + g), j);
+      const T* k = keys.row(b, d.kv_head(h0 + g), j);
       const bool pair = same_kv(d, h0, g);
       axpy2(acc + g * d.D, pair ? acc + (g + 1) * d.D : nullptr, coef + g * n + x,
             coef + (g + 1) * n + x, 1, k, len, d.D);
@@ -70,15 +72,15 @@ inline void group_axpy(const Dims& d, int64_t b, int64_t h0, const float* coef, 
 
 // key_acc[kv_head(h0 + g), key x] += sum_g coef[g * n + x] * rows[g]: the transpose of
 // group_axpy into a [B, Hk, S, D] accumulator, all heads of a kv head per pass over two keys.
-inline void group_scatter(const Dims& d, int64_t b, int64_t h0, const float* coef,
-                          const float* rows, const KeyRange* ranges, int64_t num_ranges, int64_t n,
-                          float* key_acc) {
+template <class T>
+void group_scatter(const Dims& d, int64_t b, int64_t h0, const T* coef, const T* rows,
+                   const KeyRange* ranges, int64_t num_ranges, int64_t n, T* key_acc) {
   for (int64_t g0 = 0; g0 < d.G;) {
     const int64_t kv = d.kv_head(h0 + g0);
     int64_t g1 = g0 + 1;
     while (g1 < d.G && d.kv_head(h0 + g1) == kv) ++g1;
-    float* base = key_acc + (b * d.Hk + kv) * d.S * d.D;
-    const float* c = coef + g0 * n;
+    T* base = key_acc + (b * d.Hk + kv) * d.S * d.D;
+    const T* c = coef + g0 * n;
     int64_t x = 0;
     for (int64_t r = 0; r < num_ranges; ++r)
       for (int64_t j = ranges[r].begin; j < ranges[r].end;) {
@@ -94,8 +96,9 @@ inline void group_scatter(const Dims& d, int64_t b, int64_t h0, const float* coe
 }
 
 // out[x] = <row, proxy key x> over the n attended keys of proxy key head `pk`.
-inline void proxy_dots(const Dims& d, int64_t b, int64_t pk, const float* row, const Packed& kp,
-                       const KeyRange* ranges, int64_t num_ranges, float* out) {
+template <class T>
+void proxy_dots(const Dims& d, int64_t b, int64_t pk, const T* row, const Packed<T>& kp,
+                const KeyRange* ranges, int64_t num_ranges, T* out) {
   for_each_key_tile(ranges, num_ranges, [&](int64_t j, int64_t len, int64_t x) {
     dots(row, kp.row(b, pk, j), len, d.Dp, out + x);
   });

@@ -1,8 +1,8 @@
 // Backward of both modes (SPEC sections 4, 5) over the cached selection, one (b, proxy head,
 // query) row at a time: P is recomputed from the forward's lse, dq and dqp are written per row,
-// and dk, dv, dkp go to per-thread fp32 accumulators that are summed in thread order. Rows are
-// split statically, so results are bitwise reproducible for a given thread count (the
-// deterministic flag costs nothing here).
+// and dk, dv, dkp go to per-thread accumulators (in the compute type: fp32, or double for float64
+// tensors) that are summed in thread order. Rows are split statically, so results are bitwise
+// reproducible for a given thread count.
 #include <cmath>
 #include <vector>
 
@@ -17,14 +17,15 @@ namespace flash_msa::cpu {
 namespace {
 
 // dst[b, h, s] = sum over threads of acc[t][b, h, s] for a [B, heads, S, C] accumulator.
-void reduce_store(DType dtype, const std::vector<std::vector<float>>& acc, const MutView& dst,
+template <class T>
+void reduce_store(DType dtype, const std::vector<std::vector<T>>& acc, const MutView& dst,
                   int64_t batch, int64_t heads, int64_t seqlen, int64_t channels) {
   parallel_static(batch * heads * seqlen, kRowChunk, [&](int, StaticRows& rows) {
-    std::vector<float> sum(static_cast<size_t>(channels));
+    std::vector<T> sum(static_cast<size_t>(channels));
     for (int64_t r; rows.next(r);) {
-      std::fill(sum.begin(), sum.end(), 0.f);
-      for (const std::vector<float>& t : acc) {
-        const float* row = &t[static_cast<size_t>(r * channels)];
+      std::fill(sum.begin(), sum.end(), T(0));
+      for (const std::vector<T>& t : acc) {
+        const T* row = &t[static_cast<size_t>(r * channels)];
         for (int64_t c = 0; c < channels; ++c) sum[static_cast<size_t>(c)] += row[c];
       }
       const int64_t b = r / (heads * seqlen), h = r / seqlen % heads, s = r % seqlen;
@@ -33,33 +34,35 @@ void reduce_store(DType dtype, const std::vector<std::vector<float>>& acc, const
   });
 }
 
+// T: the compute type (float, or double for float64 tensors), also that of the statistics.
+template <class T>
 void backward(const BackwardParams& params, bool warmup) {
-  validate(params, warmup);
   const Problem& pr = params.problem;
-  validate_host_values(pr, params.indices, warmup);
   const Dims d(pr);
   const std::vector<int32_t> starts = document_starts(pr, pr.cu_seqlens);
-  const Packed kp(pr.dtype, params.kp, d.B, d.Hpk, d.S, d.Dp);
-  const Packed k(pr.dtype, params.k, d.B, d.Hk, d.S, d.D);
-  const Packed v(pr.dtype, params.v, d.B, d.Hk, d.S, d.D);
+  const T* const lse_in = stats_ptr<T>(params.lse);
+  const T* const lse_proxy_in = stats_ptr<T>(params.lse_proxy);
+  const T* const kl_grad = stats_ptr<T>(params.kl_grad);
+  const Packed<T> kp(pr.dtype, params.kp, d.B, d.Hpk, d.S, d.Dp);
+  const Packed<T> k(pr.dtype, params.k, d.B, d.Hk, d.S, d.D);
+  const Packed<T> v(pr.dtype, params.v, d.B, d.Hk, d.S, d.D);
   const int64_t max_keys = max_attended(d, warmup);
   // g = kl_weight * (pp - t): the KL gradient w / (B * Hp * S) folded into one factor.
-  const float kl_weight = (params.kl_grad ? *params.kl_grad : 0.f) / static_cast<float>(d.rows());
+  const T kl_weight = (kl_grad ? *kl_grad : T(0)) / static_cast<T>(d.rows());
   const int threads = num_threads();
   const size_t kv_size = static_cast<size_t>(d.B * d.Hk * d.S * d.D);
-  std::vector<std::vector<float>> dk_acc(threads), dv_acc(threads), dkp_acc(threads);
+  std::vector<std::vector<T>> dk_acc(threads), dv_acc(threads), dkp_acc(threads);
 
   run_workers(threads, [&](int tid) {
     StaticRows rows(d.rows(), kRowChunk, threads, tid);
-    dk_acc[tid].assign(kv_size, 0.f);
-    dv_acc[tid].assign(kv_size, 0.f);
-    dkp_acc[tid].assign(static_cast<size_t>(d.B * d.Hpk * d.S * d.Dp), 0.f);
+    dk_acc[tid].assign(kv_size, T(0));
+    dv_acc[tid].assign(kv_size, T(0));
+    dkp_acc[tid].assign(static_cast<size_t>(d.B * d.Hpk * d.S * d.Dp), T(0));
     const size_t head_rows = static_cast<size_t>(d.G * d.D);
-    std::vector<float> q(head_rows), dout(head_rows), out(head_rows), dq(head_rows);
-    std::vector<float> delta(static_cast<size_t>(d.G)), qp(static_cast<size_t>(d.Dp)),
-        dqp(qp.size());
-    std::vector<float> prob(static_cast<size_t>(d.G * max_keys)), dprob(prob.size());
-    std::vector<float> teacher(static_cast<size_t>(max_keys)), grad(teacher.size());
+    std::vector<T> q(head_rows), dout(head_rows), out(head_rows), dq(head_rows);
+    std::vector<T> delta(static_cast<size_t>(d.G)), qp(static_cast<size_t>(d.Dp)), dqp(qp.size());
+    std::vector<T> prob(static_cast<size_t>(d.G * max_keys)), dprob(prob.size());
+    std::vector<T> teacher(static_cast<size_t>(max_keys)), grad(teacher.size());
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
     for (int64_t r; rows.next(r);) {
       const int64_t b = r / (d.Hp * d.S), p = r / d.S % d.Hp, i = r % d.S, h0 = p * d.G;
@@ -79,16 +82,15 @@ void backward(const BackwardParams& params, bool warmup) {
       group_dots(d, b, h0, q.data(), k, ranges.data(), nr, prob.data(), n);
       group_dots(d, b, h0, dout.data(), v, ranges.data(), nr, dprob.data(), n);
       for (int64_t g = 0; g < d.G; ++g) {
-        const float lse = params.lse[(b * d.H + h0 + g) * d.S + i],
-                    dl = delta[static_cast<size_t>(g)];
-        float* pg = &prob[static_cast<size_t>(g * n)];
-        float* dg = &dprob[static_cast<size_t>(g * n)];
+        const T lse = lse_in[(b * d.H + h0 + g) * d.S + i], dl = delta[static_cast<size_t>(g)];
+        T* pg = &prob[static_cast<size_t>(g * n)];
+        T* dg = &dprob[static_cast<size_t>(g * n)];
         for (int64_t x = 0; x < n; ++x) {
           pg[x] = std::exp(pg[x] - lse);
           dg[x] = pg[x] * (dg[x] - dl);
         }
       }
-      std::fill(dq.begin(), dq.end(), 0.f);
+      std::fill(dq.begin(), dq.end(), T(0));
       group_axpy(d, b, h0, dprob.data(), k, ranges.data(), nr, n, dq.data());
       for (int64_t g = 0; g < d.G; ++g)
         store_row(pr.dtype, params.dq.data, offset(params.dq, b, h0 + g, i),
@@ -97,17 +99,17 @@ void backward(const BackwardParams& params, bool warmup) {
       group_scatter(d, b, h0, dprob.data(), q.data(), ranges.data(), nr, n, dk_acc[tid].data());
       group_scatter(d, b, h0, prob.data(), dout.data(), ranges.data(), nr, n, dv_acc[tid].data());
 
-      std::fill(dqp.begin(), dqp.end(), 0.f);
-      if (kl_weight != 0.f) {
+      std::fill(dqp.begin(), dqp.end(), T(0));
+      if (kl_weight != T(0)) {
         const int64_t pk = d.proxy_key_head(p);
-        std::fill(teacher.begin(), teacher.begin() + n, 0.f);
+        std::fill(teacher.begin(), teacher.begin() + n, T(0));
         for (int64_t g = 0; g < d.G; ++g)
           for (int64_t x = 0; x < n; ++x)
             teacher[static_cast<size_t>(x)] += prob[static_cast<size_t>(g * n + x)];
         load_row(pr.dtype, params.qp.data, offset(params.qp, b, p, i), d.Dp, qp.data());
         for (int64_t c = 0; c < d.Dp; ++c) qp[static_cast<size_t>(c)] *= pr.proxy_scale;
         proxy_dots(d, b, pk, qp.data(), kp, ranges.data(), nr, grad.data());
-        const float lse_proxy = params.lse_proxy[r], inv_g = 1.f / static_cast<float>(d.G);
+        const T lse_proxy = lse_proxy_in[r], inv_g = T(1) / static_cast<T>(d.G);
         for (int64_t x = 0; x < n; ++x) {
           const size_t at = static_cast<size_t>(x);
           grad[at] = kl_weight * (std::exp(grad[at] - lse_proxy) - teacher[at] * inv_g);
@@ -115,7 +117,7 @@ void backward(const BackwardParams& params, bool warmup) {
         for_each_key_tile(ranges.data(), nr, [&](int64_t j, int64_t len, int64_t x) {
           axpy(dqp.data(), &grad[static_cast<size_t>(x)], 1, kp.row(b, pk, j), len, d.Dp);
         });
-        float* dkp_base = &dkp_acc[tid][static_cast<size_t>((b * d.Hpk + pk) * d.S * d.Dp)];
+        T* dkp_base = &dkp_acc[tid][static_cast<size_t>((b * d.Hpk + pk) * d.S * d.Dp)];
         int64_t x = 0;
         for (int64_t rr = 0; rr < nr; ++rr)
           for (int64_t j = ranges[rr].begin; j < ranges[rr].end; ++j, ++x)
@@ -130,9 +132,16 @@ void backward(const BackwardParams& params, bool warmup) {
   reduce_store(pr.dtype, dkp_acc, params.dkp, d.B, d.Hpk, d.S, d.Dp);
 }
 
+void run(const BackwardParams& params, bool warmup) {
+  validate(params, warmup);
+  validate_host_values(params.problem, params.indices, warmup);
+  with_compute_type(params.problem.dtype,
+                    [&](auto zero) { backward<decltype(zero)>(params, warmup); });
+}
+
 }  // namespace
 
-void sparse_backward(const BackwardParams& params) { backward(params, false); }
-void warmup_backward(const BackwardParams& params) { backward(params, true); }
+void sparse_backward(const BackwardParams& params) { run(params, false); }
+void warmup_backward(const BackwardParams& params) { run(params, true); }
 
 }  // namespace flash_msa::cpu

@@ -3,6 +3,7 @@
 // the proxy log-sum-exp over the same keys and the row's KL term. Scratch is O(G * |T|) per
 // thread, so sparse mode is linear in S and warmup never holds an S x S buffer.
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -16,24 +17,27 @@
 namespace flash_msa::cpu {
 namespace {
 
+// T: the compute type (float, or double for float64 tensors), also that of the statistics.
+template <class T>
 void forward(const ForwardParams& params, bool warmup) {
-  validate(params, warmup);
   const Problem& pr = params.problem;
-  validate_host_values(pr, params.indices, warmup);
   const Dims d(pr);
   const std::vector<int32_t> starts = document_starts(pr, pr.cu_seqlens);
-  const Packed kp(pr.dtype, params.kp, d.B, d.Hpk, d.S, d.Dp);
-  const Packed k(pr.dtype, params.k, d.B, d.Hk, d.S, d.D);
-  const Packed v(pr.dtype, params.v, d.B, d.Hk, d.S, d.D);
+  T* const lse_out = stats_ptr<T>(params.lse);
+  T* const lse_proxy_out = stats_ptr<T>(params.lse_proxy);
+  T* const kl_out = stats_ptr<T>(params.kl);
+  const Packed<T> kp(pr.dtype, params.kp, d.B, d.Hpk, d.S, d.Dp);
+  const Packed<T> k(pr.dtype, params.k, d.B, d.Hk, d.S, d.D);
+  const Packed<T> v(pr.dtype, params.v, d.B, d.Hk, d.S, d.D);
   const int64_t max_keys = max_attended(d, warmup);
   // Per-row KL terms, summed in row order afterwards so the value does not depend on threads.
-  std::vector<double> kl_rows(params.kl ? static_cast<size_t>(d.rows()) : 0);
+  std::vector<double> kl_rows(kl_out ? static_cast<size_t>(d.rows()) : 0);
 
   parallel_dynamic(d.rows(), kRowChunk, [&](int, DynamicRows& rows) {
     const size_t head_rows = static_cast<size_t>(d.G * d.D);
-    std::vector<float> q(head_rows), o(head_rows), qp(static_cast<size_t>(d.Dp));
-    std::vector<float> a(static_cast<size_t>(d.G * max_keys));
-    std::vector<float> teacher(static_cast<size_t>(max_keys)), s(teacher.size());
+    std::vector<T> q(head_rows), o(head_rows), qp(static_cast<size_t>(d.Dp));
+    std::vector<T> a(static_cast<size_t>(d.G * max_keys));
+    std::vector<T> teacher(static_cast<size_t>(max_keys)), s(teacher.size());
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
     for (int64_t r; rows.next(r);) {
       const int64_t b = r / (d.Hp * d.S), p = r / d.S % d.Hp, i = r % d.S, h0 = p * d.G;
@@ -42,18 +46,18 @@ void forward(const ForwardParams& params, bool warmup) {
           attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + i)], i, ranges.data());
       const int64_t n = key_count(ranges.data(), nr);
       for (int64_t g = 0; g < d.G; ++g) {
-        float* qg = &q[static_cast<size_t>(g * d.D)];
+        T* qg = &q[static_cast<size_t>(g * d.D)];
         load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, qg);
         for (int64_t c = 0; c < d.D; ++c) qg[c] *= pr.scale;
       }
       group_dots(d, b, h0, q.data(), k, ranges.data(), nr, a.data(), n);
-      std::fill(teacher.begin(), teacher.begin() + n, 0.f);
+      std::fill(teacher.begin(), teacher.begin() + n, T(0));
       for (int64_t g = 0; g < d.G; ++g) {
-        float* pg = &a[static_cast<size_t>(g * n)];
-        params.lse[(b * d.H + h0 + g) * d.S + i] = softmax(pg, n);
+        T* pg = &a[static_cast<size_t>(g * n)];
+        lse_out[(b * d.H + h0 + g) * d.S + i] = softmax(pg, n);
         for (int64_t x = 0; x < n; ++x) teacher[static_cast<size_t>(x)] += pg[x];
       }
-      std::fill(o.begin(), o.end(), 0.f);
+      std::fill(o.begin(), o.end(), T(0));
       group_axpy(d, b, h0, a.data(), v, ranges.data(), nr, n, o.data());
       for (int64_t g = 0; g < d.G; ++g)
         store_row(pr.dtype, params.out.data, offset(params.out, b, h0 + g, i),
@@ -62,13 +66,13 @@ void forward(const ForwardParams& params, bool warmup) {
       load_row(pr.dtype, params.qp.data, offset(params.qp, b, p, i), d.Dp, qp.data());
       for (int64_t c = 0; c < d.Dp; ++c) qp[static_cast<size_t>(c)] *= pr.proxy_scale;
       proxy_dots(d, b, d.proxy_key_head(p), qp.data(), kp, ranges.data(), nr, s.data());
-      float mx = -INFINITY;
+      T mx = -std::numeric_limits<T>::infinity();
       for (int64_t x = 0; x < n; ++x) mx = std::max(mx, s[static_cast<size_t>(x)]);
       double sum = 0;
       for (int64_t x = 0; x < n; ++x) sum += std::exp(s[static_cast<size_t>(x)] - mx);
       const double lse_proxy = mx + std::log(sum);
-      params.lse_proxy[r] = static_cast<float>(lse_proxy);
-      if (params.kl) {
+      lse_proxy_out[r] = static_cast<T>(lse_proxy);
+      if (kl_out) {
         double kl = 0;
         for (int64_t x = 0; x < n; ++x) {
           const double t = teacher[static_cast<size_t>(x)] / static_cast<double>(d.G);
@@ -78,14 +82,21 @@ void forward(const ForwardParams& params, bool warmup) {
       }
     }
   });
-  if (params.kl)
-    *params.kl = static_cast<float>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
-                                    static_cast<double>(d.rows()));
+  if (kl_out)
+    *kl_out = static_cast<T>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
+                             static_cast<double>(d.rows()));
+}
+
+void run(const ForwardParams& params, bool warmup) {
+  validate(params, warmup);
+  validate_host_values(params.problem, params.indices, warmup);
+  with_compute_type(params.problem.dtype,
+                    [&](auto zero) { forward<decltype(zero)>(params, warmup); });
 }
 
 }  // namespace
 
-void sparse_forward(const ForwardParams& params) { forward(params, false); }
-void warmup_forward(const ForwardParams& params) { forward(params, true); }
+void sparse_forward(const ForwardParams& params) { run(params, false); }
+void warmup_forward(const ForwardParams& params) { run(params, true); }
 
 }  // namespace flash_msa::cpu

@@ -1,10 +1,12 @@
 // Inner loops of the CPU backend, written so that the compiler vectorises them over channels
 // (`omp simd` loops, built with -fopenmp-simd: no OpenMP runtime), and the attended key set of one query as ranges of contiguous keys.
+// The loops are templates on the compute type T (float, or double for float64 tensors).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "cpu/tensor.h"
 #include "flash_msa/msa.h"
@@ -19,18 +21,18 @@ inline constexpr int64_t kKeyTile = 32;
 // keys are still in cache.
 inline constexpr int64_t kRowChunk = 16;
 
-// out_r[x] = <row_r, keys[x]> for two rows (r = 0, 1) and n contiguous key rows of `dim` floats.
+// out_r[x] = <row_r, keys[x]> for two rows (r = 0, 1) and n contiguous key rows of `dim` values.
 // A 2 x 4 tile of dot products per pass: six loads feed eight multiply-adds.
-inline void dots2(const float* __restrict row0, const float* __restrict row1,
-                  const float* __restrict keys, int64_t n, int64_t dim, float* __restrict out0,
-                  float* __restrict out1) {
+template <class T>
+void dots2(const T* __restrict row0, const T* __restrict row1, const T* __restrict keys, int64_t n,
+           int64_t dim, T* __restrict out0, T* __restrict out1) {
   int64_t x = 0;
   for (; x + 4 <= n; x += 4) {
-    const float* k0 = keys + x * dim;
-    const float* k1 = k0 + dim;
-    const float* k2 = k1 + dim;
-    const float* k3 = k2 + dim;
-    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, b0 = 0.f, b1 = 0.f, b2 = 0.f, b3 = 0.f;
+    const T* k0 = keys + x * dim;
+    const T* k1 = k0 + dim;
+    const T* k2 = k1 + dim;
+    const T* k3 = k2 + dim;
+    T a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
 #pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
     for (int64_t c = 0; c < dim; ++c) {
       a0 += row0[c] * k0[c];
@@ -46,8 +48,8 @@ inline void dots2(const float* __restrict row0, const float* __restrict row1,
     out1[x] = b0, out1[x + 1] = b1, out1[x + 2] = b2, out1[x + 3] = b3;
   }
   for (; x < n; ++x) {
-    const float* k0 = keys + x * dim;
-    float a0 = 0.f, b0 = 0.f;
+    const T* k0 = keys + x * dim;
+    T a0 = 0, b0 = 0;
 #pragma omp simd reduction(+ : a0, b0)
     for (int64_t c = 0; c < dim; ++c) {
       a0 += row0[c] * k0[c];
@@ -58,16 +60,17 @@ inline void dots2(const float* __restrict row0, const float* __restrict row1,
   }
 }
 
-// out[x] = <row, keys[x]> for n contiguous key rows of `dim` floats.
-inline void dots(const float* __restrict row, const float* __restrict keys, int64_t n, int64_t dim,
-                 float* __restrict out) {
+// out[x] = <row, keys[x]> for n contiguous key rows of `dim` values.
+template <class T>
+void dots(const T* __restrict row, const T* __restrict keys, int64_t n, int64_t dim,
+          T* __restrict out) {
   int64_t x = 0;
   for (; x + 4 <= n; x += 4) {
-    const float* k0 = keys + x * dim;
-    const float* k1 = k0 + dim;
-    const float* k2 = k1 + dim;
-    const float* k3 = k2 + dim;
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+    const T* k0 = keys + x * dim;
+    const T* k1 = k0 + dim;
+    const T* k2 = k1 + dim;
+    const T* k3 = k2 + dim;
+    T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
     for (int64_t c = 0; c < dim; ++c) {
       s0 += row[c] * k0[c];
@@ -78,16 +81,17 @@ inline void dots(const float* __restrict row, const float* __restrict keys, int6
     out[x] = s0, out[x + 1] = s1, out[x + 2] = s2, out[x + 3] = s3;
   }
   for (; x < n; ++x) {
-    const float* k0 = keys + x * dim;
-    float s0 = 0.f;
+    const T* k0 = keys + x * dim;
+    T s0 = 0;
 #pragma omp simd reduction(+ : s0)
     for (int64_t c = 0; c < dim; ++c) s0 += row[c] * k0[c];
     out[x] = s0;
   }
 }
 
-inline float dot(const float* __restrict a, const float* __restrict b, int64_t dim) {
-  float s = 0.f;
+template <class T>
+T dot(const T* __restrict a, const T* __restrict b, int64_t dim) {
+  T s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t c = 0; c < dim; ++c) s += a[c] * b[c];
   return s;
@@ -96,25 +100,25 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t d
 // acc_a[c] += sum_r coef_a[r * coef_stride] * rows[r * dim + c] for two accumulators (a = 0, 1)
 // sharing the rows: four rows per pass, so eight loads and stores feed eight multiply-adds.
 // acc1 may be null (a lone accumulator).
-inline void axpy2(float* __restrict acc0, float* __restrict acc1, const float* coef0,
-                  const float* coef1, int64_t coef_stride, const float* __restrict rows, int64_t n,
-                  int64_t dim) {
+template <class T>
+void axpy2(T* __restrict acc0, T* __restrict acc1, const T* coef0, const T* coef1,
+           int64_t coef_stride, const T* __restrict rows, int64_t n, int64_t dim) {
   int64_t r = 0;
   for (; r + 4 <= n; r += 4) {
-    const float* r0 = rows + r * dim;
-    const float* r1 = r0 + dim;
-    const float* r2 = r1 + dim;
-    const float* r3 = r2 + dim;
-    const float a0 = coef0[r * coef_stride], a1 = coef0[(r + 1) * coef_stride];
-    const float a2 = coef0[(r + 2) * coef_stride], a3 = coef0[(r + 3) * coef_stride];
+    const T* r0 = rows + r * dim;
+    const T* r1 = r0 + dim;
+    const T* r2 = r1 + dim;
+    const T* r3 = r2 + dim;
+    const T a0 = coef0[r * coef_stride], a1 = coef0[(r + 1) * coef_stride];
+    const T a2 = coef0[(r + 2) * coef_stride], a3 = coef0[(r + 3) * coef_stride];
     if (acc1 == nullptr) {
 #pragma omp simd
       for (int64_t c = 0; c < dim; ++c)
         acc0[c] += a0 * r0[c] + a1 * r1[c] + a2 * r2[c] + a3 * r3[c];
       continue;
     }
-    const float b0 = coef1[r * coef_stride], b1 = coef1[(r + 1) * coef_stride];
-    const float b2 = coef1[(r + 2) * coef_stride], b3 = coef1[(r + 3) * coef_stride];
+    const T b0 = coef1[r * coef_stride], b1 = coef1[(r + 1) * coef_stride];
+    const T b2 = coef1[(r + 2) * coef_stride], b3 = coef1[(r + 3) * coef_stride];
 #pragma omp simd
     for (int64_t c = 0; c < dim; ++c) {
       acc0[c] += a0 * r0[c] + a1 * r1[c] + a2 * r2[c] + a3 * r3[c];
@@ -122,21 +126,21 @@ inline void axpy2(float* __restrict acc0, float* __restrict acc1, const float* c
     }
   }
   for (; r < n; ++r) {
-    const float* r0 = rows + r * dim;
-    const float a0 = coef0[r * coef_stride];
+    const T* r0 = rows + r * dim;
+    const T a0 = coef0[r * coef_stride];
 #pragma omp simd
     for (int64_t c = 0; c < dim; ++c) acc0[c] += a0 * r0[c];
     if (acc1 == nullptr) continue;
-    const float b0 = coef1[r * coef_stride];
+    const T b0 = coef1[r * coef_stride];
 #pragma omp simd
     for (int64_t c = 0; c < dim; ++c) acc1[c] += b0 * r0[c];
   }
 }
 
 // acc[c] += sum_r coef[r * coef_stride] * rows[r * dim + c].
-inline void axpy(float* acc, const float* coef, int64_t coef_stride, const float* rows, int64_t n,
-                 int64_t dim) {
-  axpy2(acc, nullptr, coef, nullptr, coef_stride, rows, n, dim);
+template <class T>
+void axpy(T* acc, const T* coef, int64_t coef_stride, const T* rows, int64_t n, int64_t dim) {
+  axpy2<T>(acc, nullptr, coef, nullptr, coef_stride, rows, n, dim);
 }
 
 // Keys [begin, end) of one batch row.
@@ -180,15 +184,16 @@ void for_each_key_tile(const KeyRange* ranges, int64_t n, F&& f) {
 }
 
 // In place: a[0..n) -> softmax(a); returns log sum exp(a).
-inline float softmax(float* a, int64_t n) {
-  float mx = -INFINITY;
+template <class T>
+T softmax(T* a, int64_t n) {
+  T mx = -std::numeric_limits<T>::infinity();
   for (int64_t x = 0; x < n; ++x) mx = std::max(mx, a[x]);
-  float sum = 0.f;
+  T sum = 0;
   for (int64_t x = 0; x < n; ++x) {
     a[x] = std::exp(a[x] - mx);
     sum += a[x];
   }
-  const float inv = 1.f / sum;
+  const T inv = T(1) / sum;
 #pragma omp simd
   for (int64_t x = 0; x < n; ++x) a[x] *= inv;
   return mx + std::log(sum);

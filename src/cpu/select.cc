@@ -13,21 +13,22 @@
 #include "flash_msa/cpu.h"
 
 namespace flash_msa::cpu {
+namespace {
 
-void select(const SelectParams& params) {
-  validate(params);
+// T: the compute type (float, or double for float64 tensors).
+template <class T>
+void select_blocks(const SelectParams& params) {
   const Problem& pr = params.problem;
-  validate_cu_seqlens_values(pr, pr.cu_seqlens);
   const std::vector<int32_t> starts = document_starts(pr, pr.cu_seqlens);
   const int64_t B = pr.batch, S = pr.seqlen, Hp = pr.proxy_heads, Dp = pr.proxy_head_dim;
   const int64_t K = pr.top_k, num_blocks = (S + kBlockSize - 1) / kBlockSize;
-  const Packed kp(pr.dtype, params.kp, B, pr.proxy_kv_heads, S, Dp);
+  const Packed<T> kp(pr.dtype, params.kp, B, pr.proxy_kv_heads, S, Dp);
   const int64_t proxy_group = Hp / pr.proxy_kv_heads;
 
   // Query cost grows with i, so rows are handed out dynamically; results do not depend on it.
   parallel_dynamic(B * Hp * S, kRowChunk, [&](int, DynamicRows& rows) {
-    std::vector<float> qp(static_cast<size_t>(Dp)), scores(kBlockSize);
-    std::vector<std::pair<float, int32_t>> candidates(static_cast<size_t>(num_blocks));
+    std::vector<T> qp(static_cast<size_t>(Dp)), scores(kBlockSize);
+    std::vector<std::pair<T, int32_t>> candidates(static_cast<size_t>(num_blocks));
     std::vector<int32_t> chosen(static_cast<size_t>(K));
     for (int64_t r; rows.next(r);) {
       const int64_t b = r / (Hp * S), p = r / S % Hp, i = r % S;
@@ -38,7 +39,7 @@ void select(const SelectParams& params) {
       for (int64_t n = start / kBlockSize; n < own; ++n) {
         const int64_t j0 = std::max(n * kBlockSize, start), len = (n + 1) * kBlockSize - j0;
         dots(qp.data(), kp.row(b, p / proxy_group, j0), len, Dp, scores.data());
-        const float best = *std::max_element(scores.begin(), scores.begin() + len);
+        const T best = *std::max_element(scores.begin(), scores.begin() + len);
         if (!std::isnan(best))
           candidates[static_cast<size_t>(count++)] = {best, static_cast<int32_t>(n)};
       }
@@ -56,6 +57,16 @@ void select(const SelectParams& params) {
       out[take] = static_cast<int32_t>(own);
       std::fill(out + take + 1, out + K, -1);
     }
+  });
+}
+
+}  // namespace
+
+void select(const SelectParams& params) {
+  validate(params);
+  validate_cu_seqlens_values(params.problem, params.problem.cu_seqlens);
+  with_compute_type(params.problem.dtype, [&](auto zero) {
+    select_blocks<decltype(zero)>(params);
   });
 }
 

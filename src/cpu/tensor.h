@@ -1,10 +1,15 @@
-// Host tensor plumbing for the CPU backend: dtype conversion (round to nearest even), fp32
-// copies of strided views, row loads and stores.
+// Host tensor plumbing for the CPU backend: dtype conversion (round to nearest even), copies of
+// strided views in the compute type, row loads and stores.
+//
+// The compute type T is float for float32, bfloat16 and float16 tensors and double for float64
+// tensors (with_compute_type below): every operation is a template on T, so the float path is
+// the fp32 arithmetic of the reference and float64 inputs are computed in double throughout.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/parallel.h"
@@ -61,41 +66,73 @@ int64_t offset(const View4<T>& v, int64_t b, int64_t h, int64_t s) {
   return b * v.stride_b + h * v.stride_h + s * v.stride_s;
 }
 
-// dst[0..n) = the n elements at `src` (element offset `at`), as fp32.
-inline void load_row(DType dtype, const void* src, int64_t at, int64_t n, float* dst) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(dst, static_cast<const float*>(src) + at, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  const uint16_t* h = static_cast<const uint16_t*>(src) + at;
-  if (dtype == DType::kBFloat16) {
-    for (int64_t c = 0; c < n; ++c) dst[c] = bf16_to_float(h[c]);
+// Calls f(T{}) with the compute type of `dtype`: double for float64, float otherwise.
+template <class F>
+decltype(auto) with_compute_type(DType dtype, F&& f) {
+  if (dtype == DType::kFloat64) return f(double{});
+  return f(float{});
+}
+
+// The statistics (lse, lse_proxy, kl, kl_grad) are held in the compute type, which is the
+// stats dtype of the problem (stats_dtype, msa.h).
+template <class T>
+T* stats_ptr(void* p) {
+  return static_cast<T*>(p);
+}
+template <class T>
+const T* stats_ptr(const void* p) {
+  return static_cast<const T*>(p);
+}
+
+// dst[0..n) = the n elements at `src` (element offset `at`), as T. Only float64 tensors are read
+// into double rows; float rows take the other dtypes.
+template <class T>
+void load_row(DType dtype, const void* src, int64_t at, int64_t n, T* dst) {
+  if constexpr (std::is_same_v<T, double>) {
+    std::memcpy(dst, static_cast<const double*>(src) + at, static_cast<size_t>(n) * sizeof(double));
   } else {
-    for (int64_t c = 0; c < n; ++c) dst[c] = fp16_to_float(h[c]);
+    if (dtype == DType::kFloat32) {
+      std::memcpy(dst, static_cast<const float*>(src) + at, static_cast<size_t>(n) * sizeof(float));
+      return;
+    }
+    const uint16_t* h = static_cast<const uint16_t*>(src) + at;
+    if (dtype == DType::kBFloat16) {
+      for (int64_t c = 0; c < n; ++c) dst[c] = bf16_to_float(h[c]);
+    } else {
+      for (int64_t c = 0; c < n; ++c) dst[c] = fp16_to_float(h[c]);
+    }
   }
 }
 
-// Scales and stores n fp32 values to `dst` (element offset `at`) in `dtype`.
-inline void store_row(DType dtype, void* dst, int64_t at, const float* src, int64_t n,
-                      float scale = 1.f) {
-  if (dtype == DType::kFloat32) {
-    float* f = static_cast<float*>(dst) + at;
+// Scales and stores n values of the compute type to `dst` (element offset `at`) in `dtype`.
+template <class T>
+void store_row(DType dtype, void* dst, int64_t at, const T* src, int64_t n,
+               std::type_identity_t<T> scale = 1) {
+  if constexpr (std::is_same_v<T, double>) {
+    double* f = static_cast<double*>(dst) + at;
     for (int64_t c = 0; c < n; ++c) f[c] = src[c] * scale;
-    return;
-  }
-  uint16_t* h = static_cast<uint16_t*>(dst) + at;
-  if (dtype == DType::kBFloat16) {
-    for (int64_t c = 0; c < n; ++c) h[c] = float_to_bf16(src[c] * scale);
   } else {
-    for (int64_t c = 0; c < n; ++c) h[c] = float_to_fp16(src[c] * scale);
+    if (dtype == DType::kFloat32) {
+      float* f = static_cast<float*>(dst) + at;
+      for (int64_t c = 0; c < n; ++c) f[c] = src[c] * scale;
+      return;
+    }
+    uint16_t* h = static_cast<uint16_t*>(dst) + at;
+    if (dtype == DType::kBFloat16) {
+      for (int64_t c = 0; c < n; ++c) h[c] = float_to_bf16(src[c] * scale);
+    } else {
+      for (int64_t c = 0; c < n; ++c) h[c] = float_to_fp16(src[c] * scale);
+    }
   }
 }
 
-// A contiguous fp32 copy [B, heads, S, C] of a strided view, for tensors read many times.
+// A contiguous copy [B, heads, S, C] in the compute type T of a strided view, for tensors read
+// many times.
+template <class T>
 struct Packed {
   static constexpr int64_t kLoadChunk = 256;  // rows per thread chunk of the copy
 
-  std::vector<float> data;
+  std::vector<T> data;
   int64_t heads = 0, seqlen = 0, channels = 0;
 
   Packed(DType dtype, const ConstView& view, int64_t batch, int64_t heads_, int64_t seqlen_,
@@ -114,7 +151,7 @@ struct Packed {
     });
   }
 
-  const float* row(int64_t b, int64_t h, int64_t s) const {
+  const T* row(int64_t b, int64_t h, int64_t s) const {
     return &data[static_cast<size_t>(((b * heads + h) * seqlen + s) * channels)];
   }
 };

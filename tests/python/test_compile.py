@@ -21,11 +21,11 @@ def test_opcheck(mode):
         torch.library.opcheck(flash_msa.ops.select, select_args)
         indices = flash_msa.ops.select(*select_args)
     tensors = [inputs[n].requires_grad_() for n in NAMES]
-    fwd_args = (*tensors, indices, SHAPE.D ** -0.5, proxy_scale, cu, False, True)
+    fwd_args = (*tensors, indices, SHAPE.D ** -0.5, proxy_scale, cu, True)
     torch.library.opcheck(flash_msa.ops.forward, fwd_args)
     out, kl, lse, lse_proxy = flash_msa.ops.forward(*fwd_args)
     bwd_args = (inputs["dout"], torch.tensor(0.5), *(t.detach() for t in tensors), out.detach(),
-                lse, lse_proxy, indices, SHAPE.D ** -0.5, proxy_scale, cu, False)
+                lse, lse_proxy, indices, SHAPE.D ** -0.5, proxy_scale, cu)
     torch.library.opcheck(flash_msa.ops.backward, bwd_args)
 
 

@@ -2,6 +2,7 @@
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,7 +29,14 @@ def raises(match):
 BAD_TENSORS = [
     ("q", lambda t: t[0], "q: expected a 4-D tensor"),
     ("k", lambda t: t.float(), "k: expected dtype torch.bfloat16"),
-    ("q_all", lambda t: t.double(), "expected bfloat16, float16 or float32, got torch.float64"),
+    ("q_all", lambda t: t.int(),
+     "expected bfloat16, float16, float32 or float64 (CPU only), got torch.int32"),
+    ("q_all", lambda t: t.double().to("meta"), "q_proxy: float64 runs on the CPU backend only"),
+    ("q", lambda t: t[..., :0], "q: expected head_dim >= 1, got shape (2, 4, 256, 0)"),
+    ("q_all", lambda t: t[..., :0], "q_proxy: expected proxy head_dim >= 1"),
+    ("q_all", lambda t: t[:, :, :0], "q_proxy: expected seqlen >= 1"),
+    ("q_all", lambda t: t[:0], "q_proxy: expected batch >= 1"),
+    ("k", lambda t: t[:, :0], "k: expected heads >= 1"),
     ("v", lambda t: t.to("meta"), "v: expected device cpu"),
     ("q", lambda t: t[:1], "q: expected batch 2 and seqlen 256"),
     ("kp", lambda t: t[:, :, :100], "k_proxy: expected batch 2 and seqlen 256"),
@@ -49,16 +57,52 @@ def test_bad_tensor(inputs, name, bad, message):
         call(inputs, **kw)
 
 
-@pytest.mark.parametrize("top_k", [0, 100, 129, -128, 128.0, True, None])
+@pytest.mark.parametrize("top_k", [0, 100, 129, -128, 128.0, True, None, np.float64(256.0),
+                                   torch.tensor(256.0), torch.tensor([256, 256]),
+                                   torch.tensor(True), np.True_, "256"], ids=repr)
 def test_bad_top_k(inputs, top_k):
     with raises("top_k: expected a positive multiple of 128 tokens"):
         call(inputs, top_k=top_k)
 
 
-@pytest.mark.parametrize("top_k_blocks", [0, -1, 1.5, "2"])
+@pytest.mark.parametrize("top_k", [np.int64(256), np.int32(256), torch.tensor(256),
+                                   torch.tensor(256, dtype=torch.int32)], ids=repr)
+def test_integral_top_k(inputs, top_k):
+    """Any integral type counts, as a plain int does."""
+    out, kl = call(inputs, top_k=top_k)
+    want_out, want_kl = call(inputs, top_k=256)
+    assert torch.equal(out, want_out) and torch.equal(kl, want_kl)
+    indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], top_k // 128)
+    assert indices.shape[-1] == 2
+
+
+@pytest.mark.parametrize("top_k_blocks", [0, -1, 1.5, "2", True, torch.tensor(2.0)], ids=repr)
 def test_bad_top_k_blocks(inputs, top_k_blocks):
     with raises("top_k_blocks: expected an int >= 1"):
         flash_msa.select_blocks(inputs["qp"], inputs["kp"], top_k_blocks)
+
+
+def test_arguments_after_the_selection_are_keyword_only(inputs):
+    """No positional value can land in the wrong one of scale, proxy_scale, cu_seqlens."""
+    tensors = [inputs[n] for n in NAMES]
+    indices = good_indices(inputs)
+    with pytest.raises(TypeError):
+        flash_msa.flash_msa_func(*tensors, 256, 0.25)
+    with pytest.raises(TypeError):
+        flash_msa.flash_msa_warmup_func(*tensors, None, 0.25)
+    with pytest.raises(TypeError):
+        flash_msa.sparse_attention(*tensors, indices, 0.25)
+    with pytest.raises(TypeError):
+        flash_msa.select_blocks(inputs["qp"], inputs["kp"], 2, 0.25)
+    with pytest.raises(TypeError):
+        flash_msa.MSAAttention(32, 8, 2, 16, 2, 1, 16, 256)
+
+
+def test_top_k_counts_tokens_and_top_k_blocks_counts_blocks(inputs):
+    """top_k = 2 (blocks, by mistake) is refused with the unit spelled out."""
+    with raises("top_k: expected a positive multiple of 128 tokens (an integer; top_k // 128 "
+                "blocks are selected), got 2"):
+        call(inputs, top_k=2)
 
 
 @pytest.mark.parametrize("arg", ["scale", "proxy_scale"])
@@ -129,7 +173,25 @@ def test_cpp_core_errors_surface_as_value_error(inputs):
     with raises("flash_msa: "):
         flash_msa.ops.select(inputs["qp"], inputs["kp"], 0, 1.0, None)
     with raises("flash_msa: scale: expected a finite value > 0"):
-        flash_msa.ops.forward(*(inputs[n] for n in NAMES), None, -1.0, 1.0, None, False, True)
+        flash_msa.ops.forward(*(inputs[n] for n in NAMES), None, -1.0, 1.0, None, True)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "4x", "1.5", " ", "99999999999999999999"])
+def test_bad_thread_count_variable(inputs, monkeypatch, value):
+    """FLASH_MSA_NUM_THREADS is read by every CPU operation; a bad value is an error, never
+    silently ignored."""
+    monkeypatch.setenv("FLASH_MSA_NUM_THREADS", value)
+    with raises(f'flash_msa: FLASH_MSA_NUM_THREADS: expected a whole number of threads in '
+                f'[1, 65536] (or the variable unset), got "{value}"'):
+        call(inputs)
+
+
+@pytest.mark.parametrize("value", ["1", "3", ""])
+def test_good_thread_count_variable(inputs, monkeypatch, value):
+    want = call(inputs)
+    monkeypatch.setenv("FLASH_MSA_NUM_THREADS", value)
+    got = call(inputs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -137,9 +199,27 @@ def test_cpp_core_errors_surface_as_value_error(inputs):
     (dict(num_proxy_heads=3), "num_heads (8) must be a multiple of 3"),
     (dict(num_proxy_heads=4, num_proxy_kv_heads=3), "num_proxy_heads (4) must be a multiple of 3"),
     (dict(head_dim=15), "RoPE needs even head dims"),
-    (dict(top_k=100), "top_k must be a positive multiple of 128"),
+    (dict(top_k=100), "MSAAttention: top_k: expected a positive multiple of 128 tokens"),
+    (dict(top_k=256.0), "MSAAttention: top_k: expected a positive multiple of 128 tokens"),
+    (dict(head_dim=0), "MSAAttention: head_dim: expected an int >= 1, got 0"),
+    (dict(proxy_head_dim=0), "MSAAttention: proxy_head_dim: expected an int >= 1, got 0"),
+    (dict(num_kv_heads=0), "MSAAttention: num_kv_heads: expected an int >= 1, got 0"),
+    (dict(hidden_size=32.0), "MSAAttention: hidden_size: expected an int >= 1, got 32.0"),
 ])
 def test_bad_module_config(kwargs, message):
     config = dict(hidden_size=32, num_heads=8, num_kv_heads=2, head_dim=16) | kwargs
     with raises(message):
         flash_msa.MSAAttention(**config)
+
+
+def test_module_integral_config():
+    model = flash_msa.MSAAttention(np.int64(32), 8, 2, np.int32(16), top_k=torch.tensor(256))
+    assert model.top_k == 256 and type(model.top_k) is int and model.head_dim == 16
+
+
+@pytest.mark.parametrize("shape", [(300, 32), (1, 2, 300, 32), (2, 300, 16)])
+def test_module_input_shape(shape):
+    model = flash_msa.MSAAttention(32, 8, 2, 16, top_k=256)
+    with raises(f"flash_msa: MSAAttention: hidden: expected a 3-D tensor (B, S, hidden_size=32), "
+                f"got shape {shape}"):
+        model(torch.randn(shape))
