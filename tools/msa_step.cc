@@ -3,7 +3,8 @@
 // Sparse mode: select -> sparse forward (with the KL value) -> sparse backward over the cached
 // selection. --warmup: dense warmup forward -> warmup backward. Runs on the GPU when built with
 // CUDA and a device is present (or --device cuda), else on the CPU reference. Prints the time of
-// each stage, the KL value, selection statistics and checksums of the output and gradients.
+// each stage, the KL value, selection statistics, and per tensor an L2 norm and a bitwise digest
+// (FNV-1a 64 of its raw bytes) so that two builds or devices can be compared bit for bit.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,10 +12,13 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/host_data.h"  // dtype conversions and random values, shared with the tests
 #include "cpu/parallel.h"
 #include "flash_msa/cpu.h"
 #include "flash_msa/msa.h"
@@ -35,7 +39,7 @@ struct UsageError : std::runtime_error {
 struct HelpRequested {};
 
 constexpr const char* kUsage =
-    "usage: msa_step [options]\n"
+    "usage: msa_step [options]   (--name value or --name=value)\n"
     "  --device cpu|cuda      backend (default: cuda when built with CUDA and a GPU is present)\n"
     "  --batch N              batch rows B (default 1)\n"
     "  --seqlen N             tokens per row S (default 32768 on cuda, 8192 on cpu)\n"
@@ -45,17 +49,25 @@ constexpr const char* kUsage =
     "  --proxy-kv-heads N     proxy key heads Hpk (default 1)\n"
     "  --head-dim N           D (default 128)\n"
     "  --proxy-head-dim N     Dp (default 128)\n"
-    "  --top-k N              selected blocks of 128 tokens K (default 16)\n"
+    "  --top-k N              selected TOKENS per query and proxy head, a multiple of 128, as\n"
+    "                         Python's top_k (default 2048)\n"
+    "  --top-k-blocks N       the same in blocks of 128 tokens, K (default 16)\n"
     "  --docs N               N equal packed documents per batch row (default 1: no packing)\n"
     "  --dtype bf16|fp16|fp32 input dtype (fp32: cpu only; default bf16)\n"
     "  --warmup               dense warmup step instead of select + sparse\n"
-    "  --seed N               random seed (default 0)\n"
-    "  --iters N              timed iterations per stage on cuda (default 10)\n";
+    "  --seed N               random seed of the inputs (default 0)\n"
+    "  --iters N              timed iterations per stage on cuda (default 10)\n"
+    "  --help                 this text\n"
+    "output: the time of each stage, the KL value, selection statistics (sparse), then a\n"
+    "checksum line per tensor (indices, out, dqp, dkp, dq, dk, dv): its L2 norm (in double,\n"
+    "to compare values) and fnv1a64, the 64-bit FNV-1a digest of its raw bytes in the step's\n"
+    "dtype. The inputs depend only on the options and --seed, so equal digests from two builds\n"
+    "or devices mean bitwise-equal results.\n";
 
 struct Options {
   std::string device;  // empty: automatic
   int64_t batch = 1, seqlen = 0, heads = 64, kv_heads = 4, proxy_heads = 4, proxy_kv_heads = 1;
-  int64_t head_dim = 128, proxy_head_dim = 128, top_k = 16, docs = 1, iters = 10;
+  int64_t head_dim = 128, proxy_head_dim = 128, top_k_blocks = 16, docs = 1, iters = 10;
   uint64_t seed = 0;
   DType dtype = DType::kBFloat16;
   bool warmup = false;
@@ -75,22 +87,33 @@ int64_t parse_int(const std::string& flag, const std::string& value, int64_t min
   return v;
 }
 
+// The options that take a value.
+constexpr const char* kValueFlags[] = {
+    "--device",   "--dtype",        "--batch",          "--seqlen",   "--heads",
+    "--kv-heads", "--proxy-heads",  "--proxy-kv-heads", "--head-dim", "--proxy-head-dim",
+    "--top-k",    "--top-k-blocks", "--docs",           "--seed",     "--iters"};
+
 Options parse(int argc, char** argv) {
   Options o;
+  std::string top_k_flag;  // the --top-k* option given, if any
   for (int a = 1; a < argc; ++a) {
     std::string flag = argv[a], value;
+    if (flag.rfind("--", 0) != 0 && flag != "-h")
+      throw UsageError("unexpected argument '" + flag + "' (options start with --)");
     const size_t eq = flag.find('=');
     const bool inline_value = eq != std::string::npos;
     if (inline_value) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
     }
+    if (flag == "--help" || flag == "-h") throw HelpRequested{};
     if (flag == "--warmup") {
       if (inline_value) throw UsageError("--warmup takes no value");
       o.warmup = true;
       continue;
     }
-    if (flag == "--help" || flag == "-h") throw HelpRequested{};
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags))
+      throw UsageError("unknown option " + flag);
     if (!inline_value) {
       if (a + 1 >= argc) throw UsageError(flag + ": missing value");
       value = argv[++a];
@@ -108,6 +131,20 @@ Options parse(int argc, char** argv) {
         o.dtype = DType::kFloat32;
       else
         throw UsageError("--dtype: expected bf16, fp16 or fp32, got '" + value + "'");
+    } else if (flag == "--top-k" || flag == "--top-k-blocks") {
+      if (!top_k_flag.empty() && top_k_flag != flag)
+        throw UsageError(flag + ": give --top-k (tokens) or --top-k-blocks, not both");
+      top_k_flag = flag;
+      if (flag == "--top-k-blocks") {
+        o.top_k_blocks = parse_int(flag, value, 1);
+      } else {
+        const int64_t tokens = parse_int(flag, value, 1);
+        if (tokens % flash_msa::kBlockSize != 0)
+          throw UsageError("--top-k: counts tokens and expects a multiple of the block size " +
+                           std::to_string(flash_msa::kBlockSize) + ", got " + value +
+                           " (--top-k-blocks counts blocks)");
+        o.top_k_blocks = tokens / flash_msa::kBlockSize;
+      }
     } else if (flag == "--batch")
       o.batch = parse_int(flag, value, 1);
     else if (flag == "--seqlen")
@@ -124,58 +161,14 @@ Options parse(int argc, char** argv) {
       o.head_dim = parse_int(flag, value, 1);
     else if (flag == "--proxy-head-dim")
       o.proxy_head_dim = parse_int(flag, value, 1);
-    else if (flag == "--top-k")
-      o.top_k = parse_int(flag, value, 1);
     else if (flag == "--docs")
       o.docs = parse_int(flag, value, 1);
     else if (flag == "--seed")
       o.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
     else if (flag == "--iters")
       o.iters = parse_int(flag, value, 1);
-    else
-      throw UsageError("unknown option '" + flag + "'");
   }
   return o;
-}
-
-// ---- host values in a dtype ----
-
-uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; inputs are finite
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float bf16_to_float(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Finite |f| < 65504 (the generator stays far inside); round to nearest even.
-uint16_t float_to_fp16(float f) {
-  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
-  const float a = std::fabs(f);
-  if (a < 6.103515625e-05f) return sign | static_cast<uint16_t>(std::nearbyint(std::ldexp(a, 24)));
-  int e;
-  std::frexp(a, &e);
-  int mantissa = static_cast<int>(std::nearbyint(std::ldexp(a, 11 - e)));
-  int exponent = e - 1;
-  if (mantissa == 2048) {
-    mantissa = 1024;
-    ++exponent;
-  }
-  return sign | static_cast<uint16_t>(((exponent + 15) << 10) | (mantissa - 1024));
-}
-
-float fp16_to_float(uint16_t h) {
-  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  float v = exponent == 0    ? std::ldexp(static_cast<float>(mantissa), -24)
-            : exponent == 31 ? (mantissa ? NAN : INFINITY)
-                             : std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
-  return (h & 0x8000) ? -v : v;
 }
 
 // A contiguous [n0, n1, n2, n3] host tensor stored in the step's dtype.
@@ -192,56 +185,32 @@ struct HostTensor {
         n3(d),
         bytes(static_cast<size_t>(a * b * c * d) * flash_msa::dtype_size(t)) {}
   int64_t count() const { return n0 * n1 * n2 * n3; }
-  float get(int64_t i) const {
-    if (dtype == DType::kFloat32) {
-      float f;
-      std::memcpy(&f, &bytes[static_cast<size_t>(i) * 4], 4);
-      return f;
-    }
-    uint16_t h;
-    std::memcpy(&h, &bytes[static_cast<size_t>(i) * 2], 2);
-    return dtype == DType::kFloat16 ? fp16_to_float(h) : bf16_to_float(h);
-  }
-  void set(int64_t i, float f) {
-    if (dtype == DType::kFloat32) {
-      std::memcpy(&bytes[static_cast<size_t>(i) * 4], &f, 4);
-      return;
-    }
-    const uint16_t h = dtype == DType::kFloat16 ? float_to_fp16(f) : float_to_bf16(f);
-    std::memcpy(&bytes[static_cast<size_t>(i) * 2], &h, 2);
-  }
-  // Per-thread partial sums added in thread order.
-  double abs_sum() const {
+  float get(int64_t i) const { return flash_msa::host::load_element(dtype, bytes.data(), i); }
+  void set(int64_t i, float f) { flash_msa::host::store_element(dtype, bytes.data(), i, f); }
+  // sqrt(sum x^2) in double; per-thread partial sums added in thread order.
+  double l2_norm() const {
     std::vector<double> partial(static_cast<size_t>(flash_msa::cpu::num_threads()), 0.0);
     flash_msa::cpu::parallel_static(count(), kChunk, [&](int t, flash_msa::cpu::StaticRows& it) {
-      for (int64_t i; it.next(i);)
-        partial[static_cast<size_t>(t)] += std::fabs(static_cast<double>(get(i)));
+      for (int64_t i; it.next(i);) {
+        const double x = get(i);
+        partial[static_cast<size_t>(t)] += x * x;
+      }
     });
     double s = 0;
     for (double x : partial) s += x;
-    return s;
+    return std::sqrt(s);
   }
+  uint64_t digest() const { return flash_msa::host::fnv1a64(bytes.data(), bytes.size()); }
   static constexpr int64_t kChunk = 1 << 16;  // elements per thread chunk
 };
 
-// Unit-variance values from a counter hash (parallel and reproducible), never exactly zero.
-void fill_one(HostTensor& t, uint64_t seed, uint64_t stream, int64_t i) {
-  uint64_t z = seed * 0x9e3779b97f4a7c15ull + stream * 0xbf58476d1ce4e5b9ull +
-               static_cast<uint64_t>(i) * 0x94d049bb133111ebull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  // Uniform on (-sqrt(3), sqrt(3)) excluding a small interval around zero.
-  const double u = (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
-  const double x = (2.0 * u - 1.0) * 1.7320508075688772;
-  t.set(i, static_cast<float>(std::fabs(x) < 1e-3 ? (x < 0 ? -1e-3 : 1e-3) : x));
-}
-
+// Unit-variance values from a counter hash (host_data.h), filled in parallel, reproducibly.
 void fill_random(HostTensor& t, uint64_t seed, uint64_t stream) {
-  flash_msa::cpu::parallel_static(t.count(), HostTensor::kChunk,
-                                  [&](int, flash_msa::cpu::StaticRows& it) {
-                                    for (int64_t i; it.next(i);) fill_one(t, seed, stream, i);
-                                  });
+  flash_msa::cpu::parallel_static(
+      t.count(), HostTensor::kChunk, [&](int, flash_msa::cpu::StaticRows& it) {
+        for (int64_t i; it.next(i);)
+          t.set(i, flash_msa::host::counter_uniform(seed, stream, static_cast<uint64_t>(i)));
+      });
 }
 
 flash_msa::ConstView cview(const HostTensor& t, const void* data) {
@@ -282,7 +251,7 @@ struct Step {
     p.proxy_kv_heads = o.proxy_kv_heads;
     p.head_dim = o.head_dim;
     p.proxy_head_dim = o.proxy_head_dim;
-    p.top_k = o.top_k;
+    p.top_k = o.top_k_blocks;
     p.scale = 1.f / std::sqrt(static_cast<float>(o.head_dim));
     p.proxy_scale = 1.f / std::sqrt(static_cast<float>(o.proxy_head_dim));
     p.dtype = o.dtype;
@@ -296,7 +265,7 @@ struct Step {
     }
     uint64_t stream = 0;
     for (HostTensor* t : {&qp, &kp, &q, &k, &v, &dout}) fill_random(*t, o.seed, ++stream);
-    indices.assign(static_cast<size_t>(o.batch * o.proxy_heads * S * o.top_k), -1);
+    indices.assign(static_cast<size_t>(o.batch * o.proxy_heads * S * o.top_k_blocks), -1);
     lse.assign(static_cast<size_t>(o.batch * o.heads * S), NAN);
     lse_proxy.assign(static_cast<size_t>(o.batch * o.proxy_heads * S), NAN);
   }
@@ -540,6 +509,28 @@ void print_selection_stats(const Step& s) {
       valid ? distance / valid : 0.0);
 }
 
+// Per tensor: the L2 norm, to compare values, and the FNV-1a 64 digest of the raw bytes, to
+// compare bits (two builds or devices on the same options and --seed).
+void print_checksums(const Step& s, bool warmup) {
+  const std::pair<const char*, const HostTensor*> tensors[] = {{"out", &s.out}, {"dqp", &s.dqp},
+                                                               {"dkp", &s.dkp}, {"dq", &s.dq},
+                                                               {"dk", &s.dk},   {"dv", &s.dv}};
+  constexpr int kTensors = static_cast<int>(std::size(tensors));
+  uint64_t digest[kTensors];  // one thread per tensor: FNV-1a is serial within a buffer
+  flash_msa::cpu::run_workers(kTensors, [&](int t) { digest[t] = tensors[t].second->digest(); });
+  std::printf(
+      "checksums: l2 = L2 norm; fnv1a64 = FNV-1a 64 of the raw bytes (%s; indices int32), "
+      "equal digests = bitwise-equal tensors\n",
+      flash_msa::dtype_name(s.problem.dtype));
+  if (!warmup)
+    std::printf("checksum indices %18s  fnv1a64 %016llx\n", "",
+                static_cast<unsigned long long>(flash_msa::host::fnv1a64(
+                    s.indices.data(), s.indices.size() * sizeof(int32_t))));
+  for (int t = 0; t < kTensors; ++t)
+    std::printf("checksum %-7s l2 %.9e  fnv1a64 %016llx\n", tensors[t].first,
+                tensors[t].second->l2_norm(), static_cast<unsigned long long>(digest[t]));
+}
+
 int run(const Options& o) {
   const bool gpu = o.device == "cuda" || (o.device.empty() && cuda_available());
   if (gpu && !cuda_available())
@@ -548,15 +539,21 @@ int run(const Options& o) {
   const int64_t S = o.seqlen > 0 ? o.seqlen : (gpu ? 32768 : 8192);
   if (o.docs > S) throw UsageError("--docs: expected at most seqlen documents");
   Step s(o, S);
+  // The CPU backward's sums over rows depend on the thread count (not on the run): its digests
+  // compare between runs with the same FLASH_MSA_NUM_THREADS.
+  const std::string device =
+      gpu ? "cuda" : "cpu (" + std::to_string(flash_msa::cpu::num_threads()) + " threads)";
   std::printf(
       "msa_step: %s %s, %s, B=%lld S=%lld H=%lld Hk=%lld Hp=%lld Hpk=%lld D=%lld "
-      "Dp=%lld K=%lld docs=%lld\n",
-      gpu ? "cuda" : "cpu", flash_msa::dtype_name(o.dtype), o.warmup ? "warmup" : "sparse",
+      "Dp=%lld top_k=%lld tokens (%lld blocks) docs=%lld seed=%llu\n",
+      device.c_str(), flash_msa::dtype_name(o.dtype), o.warmup ? "warmup" : "sparse",
       static_cast<long long>(o.batch), static_cast<long long>(S), static_cast<long long>(o.heads),
       static_cast<long long>(o.kv_heads), static_cast<long long>(o.proxy_heads),
       static_cast<long long>(o.proxy_kv_heads), static_cast<long long>(o.head_dim),
-      static_cast<long long>(o.proxy_head_dim), static_cast<long long>(o.top_k),
-      static_cast<long long>(o.docs));
+      static_cast<long long>(o.proxy_head_dim),
+      static_cast<long long>(o.top_k_blocks * flash_msa::kBlockSize),
+      static_cast<long long>(o.top_k_blocks), static_cast<long long>(o.docs),
+      static_cast<unsigned long long>(o.seed));
 #ifdef FLASH_MSA_WITH_CUDA
   if (gpu) {
     run_cuda(s, o.warmup, o.iters);
@@ -572,9 +569,7 @@ int run(const Options& o) {
   std::printf("backward: %10.3f ms\n", s.ms_backward);
   std::printf("kl: %.9g\n", static_cast<double>(s.kl));
   if (!o.warmup) print_selection_stats(s);
-  std::printf("checksum: |out| %.6e |dqp| %.6e |dkp| %.6e |dq| %.6e |dk| %.6e |dv| %.6e\n",
-              s.out.abs_sum(), s.dqp.abs_sum(), s.dkp.abs_sum(), s.dq.abs_sum(), s.dk.abs_sum(),
-              s.dv.abs_sum());
+  print_checksums(s, o.warmup);
   return 0;
 }
 

@@ -10,81 +10,34 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <vector>
 
 #include "flash_msa/cpu.h"
 #include "flash_msa/msa.h"
+#include "host_data.h"
+
+namespace flash_msa {
+
+// GoogleTest prints DType parameters by name (found by argument-dependent lookup).
+inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
+
+}  // namespace flash_msa
 
 namespace flash_msa::test {
 
 inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 inline constexpr int32_t kIndexPoison = std::numeric_limits<int32_t>::min() + 7;
 
-// ---- bf16 / fp16 conversion (round to nearest even) ----
+// ---- values in a dtype (shared with the CLI: host_data.h) ----
 
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x0040);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float fp16_to_float(uint16_t h) {
-  const uint32_t exponent = (h >> 10) & 0x1f;
-  const uint32_t mantissa = h & 0x3ff;
-  float v;
-  if (exponent == 0) {
-    v = std::ldexp(static_cast<float>(mantissa), -24);
-  } else if (exponent == 31) {
-    v = mantissa ? kNaN : std::numeric_limits<float>::infinity();
-  } else {
-    v = std::ldexp(static_cast<float>(mantissa | 0x400), static_cast<int>(exponent) - 25);
-  }
-  return (h & 0x8000) ? -v : v;
-}
-
-inline uint16_t float_to_fp16(float f) {
-  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
-  if (std::isnan(f)) return sign | 0x7e00;
-  const float a = std::fabs(f);
-  if (a >= 65520.f) return sign | 0x7c00;
-  if (a < 6.103515625e-05f) {  // subnormal range: units of 2^-24 (1024 becomes the smallest normal)
-    return sign | static_cast<uint16_t>(std::nearbyint(std::ldexp(a, 24)));
-  }
-  int e;
-  std::frexp(a, &e);                                                       // a in [2^(e-1), 2^e)
-  int mantissa = static_cast<int>(std::nearbyint(std::ldexp(a, 11 - e)));  // [1024, 2048]
-  int exponent = e - 1;
-  if (mantissa == 2048) {
-    mantissa = 1024;
-    ++exponent;
-  }
-  if (exponent > 15) return sign | 0x7c00;
-  return sign | static_cast<uint16_t>(((exponent + 15) << 10) | (mantissa - 1024));
-}
-
-// Rounds a float to the nearest value representable in `dtype`.
-inline float round_to(DType dtype, float f) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return fp16_to_float(float_to_fp16(f));
-    case DType::kBFloat16:
-      return bf16_to_float(float_to_bf16(f));
-    default:
-      return f;
-  }
-}
-
-inline size_t element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+using host::bf16_to_float;
+using host::element_size;
+using host::float_to_bf16;
+using host::float_to_fp16;
+using host::fp16_to_float;
+using host::round_to;
 
 // ---- shapes and logical tensors ----
 
@@ -215,26 +168,8 @@ class Buffer {
   MutView mview() { return {bytes_.data(), sb_, sh_, ss_}; }
 
  private:
-  float get_raw(int64_t i) const {
-    const unsigned char* p = bytes_.data() + static_cast<size_t>(i) * element_size(dtype_);
-    if (dtype_ == DType::kFloat32) {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return dtype_ == DType::kFloat16 ? fp16_to_float(h) : bf16_to_float(h);
-  }
-  void set_raw(int64_t i, float f) {
-    unsigned char* p = bytes_.data() + static_cast<size_t>(i) * element_size(dtype_);
-    if (dtype_ == DType::kFloat32) {
-      std::memcpy(p, &f, 4);
-      return;
-    }
-    const uint16_t h = dtype_ == DType::kFloat16 ? float_to_fp16(f) : float_to_bf16(f);
-    std::memcpy(p, &h, 2);
-  }
+  float get_raw(int64_t i) const { return host::load_element(dtype_, bytes_.data(), i); }
+  void set_raw(int64_t i, float f) { host::store_element(dtype_, bytes_.data(), i, f); }
 
   DType dtype_;
   int64_t n0_, n1_, n2_, n3_;
@@ -251,7 +186,6 @@ struct Config {
   std::vector<int32_t> cu_seqlens;  // empty: one document per batch row
   float scale = 0.f;                // 0: D ** -0.5
   float proxy_scale = 0.f;          // 0: Dp ** -0.5
-  bool deterministic = true;
 
   float main_scale() const { return scale != 0.f ? scale : 1.f / std::sqrt(float(d.D)); }
   float proxy() const { return proxy_scale != 0.f ? proxy_scale : 1.f / std::sqrt(float(d.Dp)); }
@@ -387,7 +321,6 @@ inline Grads run_backward(const Config& cfg, const Inputs& in, const Outputs& fw
   params.dq = dq.mview();
   params.dk = dk.mview();
   params.dv = dv.mview();
-  params.deterministic = cfg.deterministic;
   if (warmup) {
     cpu::warmup_backward(params);
   } else {

@@ -272,7 +272,8 @@ TEST_P(ModeTest, MainGradientsIgnoreKlGradAndProxyGradientsAreLinearInIt) {
   EXPECT_CLOSE(g3.dkp.v, scaled(g1.dkp, -0.5f), 1e-5, 0.0);
 }
 
-TEST_P(ModeTest, DeterministicModeIsBitwiseReproducible) {
+// Every backend is deterministic (msa.h): the same call twice gives the same bits.
+TEST_P(ModeTest, RunsAreBitwiseReproducible) {
   const bool warmup = GetParam();
   Config cfg;
   cfg.d = {.B = 2, .S = 260, .H = 4, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 16, .Dp = 8, .K = 2};
@@ -292,15 +293,6 @@ TEST_P(ModeTest, DeterministicModeIsBitwiseReproducible) {
   EXPECT_EQ(g1.dv.v, g2.dv.v);
   EXPECT_EQ(g1.dqp.v, g2.dqp.v);
   EXPECT_EQ(g1.dkp.v, g2.dkp.v);
-  // The fast mode computes the same gradients up to the order of fp32 additions.
-  Config fast = cfg;
-  fast.deterministic = false;
-  const Grads g3 = run_backward(fast, in, o1, warmup, idx, &w);
-  EXPECT_CLOSE(g3.dq.v, g1.dq.v, 1e-5, 1e-7);
-  EXPECT_CLOSE(g3.dk.v, g1.dk.v, 1e-5, 1e-7);
-  EXPECT_CLOSE(g3.dv.v, g1.dv.v, 1e-5, 1e-7);
-  EXPECT_CLOSE(g3.dqp.v, g1.dqp.v, 1e-5, 1e-9);
-  EXPECT_CLOSE(g3.dkp.v, g1.dkp.v, 1e-5, 1e-9);
 }
 
 // Forward values and the selection do not depend on the thread count (every row is computed on

@@ -1,5 +1,7 @@
-// The test helpers themselves: the bf16/fp16 conversions that the dtype tests rely on, and the
-// strided buffers (every logical element lands at its own offset; padding stays poisoned).
+// The test helpers themselves: the bf16/fp16 conversions that the dtype tests rely on, the
+// strided buffers (every logical element lands at its own offset; padding stays poisoned), and
+// the rest of common/host_data.h, which tools/msa_step.cc shares (element access, the
+// counter-based random values, the FNV-1a digest of its checksum lines).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <vector>
 
 #include "common/problem.h"
 
@@ -74,6 +77,42 @@ TEST(TestHelpers, TokenMajorBufferRoundTripsAndKeepsPaddingPoisoned) {
     const ConstView v = buf.cview();
     EXPECT_LT(v.stride_h, v.stride_s);  // token-major: heads inside a token row
   }
+}
+
+TEST(TestHelpers, ElementsRoundTripInEveryDtype) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    EXPECT_EQ(host::element_size(dtype), dtype_size(dtype));
+    std::vector<unsigned char> bytes(4 * host::element_size(dtype));
+    const float values[4] = {1.f, -0.375f, 3.140625f, -1024.f};  // exact in every dtype
+    for (int64_t i = 0; i < 4; ++i) host::store_element(dtype, bytes.data(), i, values[i]);
+    for (int64_t i = 0; i < 4; ++i)
+      EXPECT_EQ(host::load_element(dtype, bytes.data(), i), values[i]);
+  }
+}
+
+TEST(TestHelpers, CounterUniformIsReproducibleWithUnitVariance) {
+  constexpr int kCount = 200000;
+  double sum = 0, sum_sq = 0;
+  for (uint64_t i = 0; i < kCount; ++i) {
+    const float x = host::counter_uniform(7, 3, i);
+    ASSERT_EQ(x, host::counter_uniform(7, 3, i));
+    ASSERT_GE(std::fabs(x), 1e-3f);
+    ASSERT_LT(std::fabs(x), 1.7320509f);
+    sum += x;
+    sum_sq += double(x) * x;
+  }
+  EXPECT_NEAR(sum / kCount, 0.0, 0.01);
+  EXPECT_NEAR(sum_sq / kCount, 1.0, 0.01);
+  EXPECT_NE(host::counter_uniform(7, 3, 0), host::counter_uniform(7, 4, 0));  // streams differ
+  EXPECT_NE(host::counter_uniform(7, 3, 0), host::counter_uniform(8, 3, 0));  // seeds differ
+}
+
+TEST(TestHelpers, Fnv1a64KnownValues) {
+  EXPECT_EQ(host::fnv1a64("", 0), 0xcbf29ce484222325ull);
+  EXPECT_EQ(host::fnv1a64("a", 1), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(host::fnv1a64("foobar", 6), 0x85944171f73967e8ull);
+  EXPECT_EQ(host::fnv1a64("bar", 3, host::fnv1a64("foo", 3)), 0x85944171f73967e8ull);  // continued
 }
 
 }  // namespace

@@ -245,7 +245,7 @@ TEST_F(Validation, Scale) {
 }
 
 TEST_F(Validation, Dtype) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.dtype = static_cast<DType>(3); }, {"dtype"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.dtype = static_cast<DType>(4); }, {"dtype"});
   expect_problem_error(kAllOps, [](Problem& p) { p.dtype = static_cast<DType>(-1); }, {"dtype"});
 }
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -148,6 +149,17 @@ struct ShapeCase {
   std::vector<int32_t> cuts;  // interior document boundaries over B*S tokens; empty: none
   Layout layout = Layout::kContiguous;
 };
+
+// GoogleTest prints a shape parameter (in test listings and failures) by name and dimensions.
+inline void PrintTo(const ShapeCase& sc, std::ostream* os) {
+  const Dims& d = sc.d;
+  *os << sc.name << " (B" << d.B << " S" << d.S << " H" << d.H << " Hk" << d.Hk << " Hp" << d.Hp
+      << " Hpk" << d.Hpk << " D" << d.D << " Dp" << d.Dp << " K" << d.K;
+  for (size_t x = 0; x < sc.cuts.size(); ++x)
+    *os << (x == 0 ? ", document cuts " : "/") << sc.cuts[x];
+  if (sc.layout == Layout::kTokenMajor) *os << ", token-major";
+  *os << ")";
+}
 
 inline Config case_config(const ShapeCase& sc, DType dtype) {
   Config cfg;

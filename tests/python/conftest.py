@@ -1,6 +1,10 @@
 """Shared helpers of the flash_msa pytest suite: random problems and the SPEC section 6 rule."""
 
+import hashlib
 import os
+import shutil
+import tarfile
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -11,7 +15,48 @@ import torch
 import reference as ref
 
 REPO = Path(__file__).resolve().parents[2]
-GOLDEN_DIR = Path(os.environ.get("FLASH_MSA_GOLDEN_DIR", REPO.parent / "shared" / "golden"))
+GOLDEN_ARCHIVE = REPO / "tests" / "golden" / "golden.tar.xz"
+
+
+def _golden_dir() -> tuple:
+    """(directory, where it comes from) of the golden cases (docs/testing.md): the directory
+    FLASH_MSA_GOLDEN_DIR names, else the in-repo archive as the CMake build in build/ unpacked it,
+    else unpacked here once per content into .golden/<digest>/ in the checkout (in the temporary
+    directory where that is not writable)."""
+    if os.environ.get("FLASH_MSA_GOLDEN_DIR"):
+        return Path(os.environ["FLASH_MSA_GOLDEN_DIR"]), "FLASH_MSA_GOLDEN_DIR"
+    if not GOLDEN_ARCHIVE.is_file():
+        return GOLDEN_ARCHIVE, "the in-repo archive, which is missing"
+    sha256 = hashlib.sha256(GOLDEN_ARCHIVE.read_bytes()).hexdigest()
+    source = f"unpacked from {GOLDEN_ARCHIVE.relative_to(REPO)}"
+    cmake_copy = REPO / "build" / "tests" / "golden"  # tests/CMakeLists.txt unpacks it there
+    stamp = cmake_copy / ".unpacked"
+    if stamp.is_file() and stamp.read_text().strip() == sha256:
+        return cmake_copy, source
+    digest = sha256[:16]
+    for root in (REPO / ".golden", Path(tempfile.gettempdir()) / "flash-msa-golden"):
+        target = root / digest
+        if (target / ".complete").is_file():
+            return target, source
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{digest}.", dir=root))
+        except OSError:
+            continue
+        with tarfile.open(GOLDEN_ARCHIVE, "r:xz") as tar:
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(tmp, **safe)
+        tmp.chmod(0o755)
+        (tmp / ".complete").touch()
+        try:
+            tmp.rename(target)
+        except OSError:  # another process unpacked the same archive meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target, source
+    return GOLDEN_ARCHIVE, "the in-repo archive, with nowhere writable to unpack it"
+
+
+GOLDEN_DIR, GOLDEN_SOURCE = _golden_dir()
 NAMES = ("qp", "kp", "q", "k", "v")
 
 
@@ -90,4 +135,7 @@ def has_golden() -> bool:
     return GOLDEN_DIR.is_dir() and any(GOLDEN_DIR.glob("case_*/meta.json"))
 
 
-requires_golden = pytest.mark.skipif(not has_golden(), reason=f"no golden cases in {GOLDEN_DIR}")
+GOLDEN_SKIP_REASON = (f"no golden cases (case_*/meta.json) in {GOLDEN_DIR} ({GOLDEN_SOURCE}); "
+                      "FLASH_MSA_GOLDEN_DIR names another directory of cases, "
+                      "e.g. ../shared/golden")
+requires_golden = pytest.mark.skipif(not has_golden(), reason=GOLDEN_SKIP_REASON)

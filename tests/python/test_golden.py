@@ -1,4 +1,5 @@
-"""The golden cases of ../shared/golden (computed in float64 by an independent reference)."""
+"""The golden cases (computed in float64 by an independent reference; conftest.GOLDEN_DIR says
+where they are: by default the in-repo tests/golden/golden.tar.xz, unpacked)."""
 
 import json
 
@@ -8,11 +9,11 @@ import torch
 
 import flash_msa
 import reference as ref
-from conftest import GOLDEN_DIR, NAMES, check_rule, has_golden, max_err
+from conftest import GOLDEN_DIR, GOLDEN_SKIP_REASON, NAMES, check_rule, has_golden, max_err
 from test_select import check_selection
 
 CASES = sorted(p.parent.name for p in GOLDEN_DIR.glob("case_*/meta.json")) if has_golden() else []
-pytestmark = pytest.mark.skipif(not CASES, reason=f"no golden cases in {GOLDEN_DIR}")
+pytestmark = pytest.mark.skipif(not CASES, reason=GOLDEN_SKIP_REASON)
 SPARSE_CASES = [
     name for name in CASES
     if json.loads((GOLDEN_DIR / name / "meta.json").read_text())["mode"] == "sparse"
@@ -52,8 +53,8 @@ def test_selection(name):
     finite = scores[scores.isfinite()].abs().max().item()
     for dtype, tol in ((torch.float32, 1e-5 * finite), (torch.bfloat16, 2.0 ** -7 * finite)):
         indices = flash_msa.select_blocks(arrays["qp"].to(dtype), arrays["kp"].to(dtype),
-                                          meta["top_k_blocks"], meta["proxy_scale"],
-                                          arrays.get("cu_seqlens"))
+                                          meta["top_k_blocks"], proxy_scale=meta["proxy_scale"],
+                                          cu_seqlens=arrays.get("cu_seqlens"))
         check_selection(indices, scores, meta["top_k_blocks"], tol)
 
 
@@ -69,7 +70,7 @@ def test_float32_reproduces_golden(name):
         assert err <= 1e-4 * w.abs().max().item() + 1e-7, f"{n}: error {err:.3g}"
     assert abs(kl.item() - meta["kl"]) <= 1e-5 * meta["kl"]
     lse = flash_msa.ops.forward(*(arrays[n] for n in NAMES), indices, meta["scale"],
-                                meta["proxy_scale"], arrays.get("cu_seqlens"), False, True)[2]
+                                meta["proxy_scale"], arrays.get("cu_seqlens"), True)[2]
     assert max_err(lse, arrays["lse"]) <= 1e-5 * arrays["lse"].abs().max().item()
 
 
