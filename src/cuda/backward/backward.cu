@@ -79,10 +79,6 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
   const Problem& pr = params.problem;
   check_sparse_limits(pr);
   check_views(params);
-  // Statistics in float32, the stats dtype of bf16 and fp16.
-  const float* const lse = static_cast<const float*>(params.lse);
-  const float* const lse_proxy = static_cast<const float*>(params.lse_proxy);
-  const float* const kl_grad = static_cast<const float*>(params.kl_grad);
   const SparsePlan plan =
       SparsePlan::for_workspace(pr, workspace.bytes, layout(pr), "backward_workspace_bytes");
   Buffers ws{};
@@ -91,7 +87,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
   const bool hopper = sparse_kernels(pr) == Kernels::kHopper;
   const schedule::Index index = schedule::build_index(plan.schedule_shape(), params.indices,
                                                       pr.cu_seqlens, pr.num_docs, ws.index, stream);
-  const bool proxy = kl_grad != nullptr;  // w = 0 otherwise: zero proxy gradients
+  const bool proxy = params.kl_grad != nullptr;  // w = 0 otherwise: zero proxy gradients
   const int D = shape.head_dim, Dp = shape.proxy_head_dim;
 
   const auto zero = [&](float* acc, int64_t floats) {
@@ -117,7 +113,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
             .dout = params.dout,
             .index = index,
             .items = items,
-            .lse = lse,
+            .lse = stats32(params.lse),
             .delta = ws.delta,
             .dq_part = ws.dq_part,
             .teacher = proxy ? ws.teacher : nullptr,
@@ -131,9 +127,9 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
             .kp = params.kp,
             .index = index,
             .items = items,
-            .lse_proxy = lse_proxy,
+            .lse_proxy = stats32(params.lse_proxy),
             .teacher = ws.teacher,
-            .kl_grad = kl_grad,
+            .kl_grad = stats32(params.kl_grad),
             .dqp_part = ws.dqp_part,
             .dkp_part = ws.dkp_part,
             .shape = shape,

@@ -68,9 +68,6 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
   const Problem& pr = params.problem;
   check_sparse_limits(pr);
   check_views(params);
-  // Statistics in float32, the stats dtype of bf16 and fp16.
-  float* const lse = static_cast<float*>(params.lse);
-  float* const lse_proxy = static_cast<float*>(params.lse_proxy);
   const bool kl = params.kl != nullptr;
   const SparsePlan plan =
       SparsePlan::for_workspace(pr, workspace.bytes, layout(pr, kl), "forward_workspace_bytes");
@@ -100,7 +97,7 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
             .kp = params.kp,
             .index = index,
             .items = items,
-            .lse_proxy = lse_proxy,
+            .lse_proxy = stats32(params.lse_proxy),
             .teacher = ws.teacher,
             .lse_p_part = ws.lse_p_part,
             .kl_part = ws.kl_part,
@@ -109,8 +106,8 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
         };
         const passes::MergeParams mp{
             .out = params.out,
-            .lse = lse,
-            .lse_proxy = lse_proxy,
+            .lse = stats32(params.lse),
+            .lse_proxy = stats32(params.lse_proxy),
             .o_part = ws.o_part,
             .lse_part = ws.lse_part,
             .lse_p_part = ws.lse_p_part,
@@ -127,7 +124,7 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
             .k = params.k,
             .index = index,
             .items = items,
-            .lse = lse,
+            .lse = stats32(params.lse),
             .teacher = ws.teacher,
             .shape = shape,
             .chunk = chunk,
@@ -155,8 +152,8 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
             });
       });
   if (kl)
-    passes::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen,
-                             static_cast<float*>(params.kl), stream);
+    passes::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen, stats32(params.kl),
+                             stream);
 }
 
 }  // namespace flash_msa::cuda

@@ -19,6 +19,11 @@ namespace flash_msa::cuda {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+// A statistics pointer of the params (lse, lse_proxy, kl, kl_grad) as the kernels read it:
+// float32, the stats dtype (msa.h) of bf16 and fp16.
+inline float* stats32(void* p) { return static_cast<float*>(p); }
+inline const float* stats32(const void* p) { return static_cast<const float*>(p); }
+
 // The shape numbers every kernel of a call reads (after validation and the backend's limits,
 // which keep them in int32).
 inline KernelShape kernel_shape(const Problem& pr) {

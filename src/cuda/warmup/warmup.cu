@@ -61,9 +61,6 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
   const Problem& pr = params.problem;
   check_attention_limits(pr, portable::kMaxGroup);
   check_views(params);
-  // Statistics in float32, the stats dtype of bf16 and fp16.
-  float* const lse = static_cast<float*>(params.lse);
-  float* const lse_proxy = static_cast<float*>(params.lse_proxy);
   float* kl_partial = nullptr;
   if (params.kl) {
     check_workspace_bytes(workspace.bytes, warmup::forward_workspace_bytes(params),
@@ -79,8 +76,8 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
       .qp = params.qp,
       .kp = params.kp,
       .out = params.out,
-      .lse = lse,
-      .lse_proxy = lse_proxy,
+      .lse = stats32(params.lse),
+      .lse_proxy = stats32(params.lse_proxy),
       .kl_partial = kl_partial,
       .cu_seqlens = pr.cu_seqlens,
       .shape = kernel_shape(pr),
@@ -89,8 +86,8 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
     portable::launch_forward<T, kD, kDp>(kp, stream);
   });
   if (params.kl)
-    passes::launch_kl_reduce(kl_partial, pr.batch * pr.proxy_heads * pr.seqlen,
-                             static_cast<float*>(params.kl), stream);
+    passes::launch_kl_reduce(kl_partial, pr.batch * pr.proxy_heads * pr.seqlen, stats32(params.kl),
+                             stream);
 }
 
 void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream) {
@@ -98,10 +95,6 @@ void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStre
   const Problem& pr = params.problem;
   check_attention_limits(pr, portable::kMaxGroup);
   check_views(params);
-  // Statistics in float32, the stats dtype of bf16 and fp16.
-  const float* const lse = static_cast<const float*>(params.lse);
-  const float* const lse_proxy = static_cast<const float*>(params.lse_proxy);
-  const float* const kl_grad = static_cast<const float*>(params.kl_grad);
   check_workspace_bytes(workspace.bytes, warmup::backward_workspace_bytes(params),
                         "backward_workspace_bytes");
   check_workspace_pointer(workspace.data);
@@ -121,9 +114,9 @@ void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStre
       .dk = params.dk,
       .dv = params.dv,
       .dkp = params.dkp,
-      .lse = lse,
-      .lse_proxy = lse_proxy,
-      .kl_grad = kl_grad,
+      .lse = stats32(params.lse),
+      .lse_proxy = stats32(params.lse_proxy),
+      .kl_grad = stats32(params.kl_grad),
       .cu_seqlens = pr.cu_seqlens,
       .delta = ws.delta,
       .dk_part = ws.dk_part,
