@@ -29,6 +29,14 @@ TINY = [
 MODES = ["sparse", "sparse_func", "warmup"]
 
 
+@pytest.fixture(autouse=True)
+def few_cpu_threads(monkeypatch):
+    """gradcheck calls the ops thousands of times on problems of a few hundred tokens; the CPU
+    backend starts its worker threads per call, which on a many-core machine costs more than the
+    work itself."""
+    monkeypatch.setenv("FLASH_MSA_NUM_THREADS", "2")
+
+
 def attend(mode: str, shape: Shape, tensors: dict, indices, **kw):
     """(out, kl) of one public entry point: sparse_attention over fixed indices, flash_msa_func
     (its own selection) or flash_msa_warmup_func."""
