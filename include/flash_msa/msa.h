@@ -52,17 +52,17 @@ View4<T> contiguous_view(T* data, int64_t heads, int64_t tokens, int64_t channel
 
 // Shapes, scalars and document layout shared by every operation.
 struct Problem {
-  int64_t batch = 0;           // B
-  int64_t seqlen = 0;          // S, tokens per batch row (any S >= 1)
-  int64_t heads = 0;           // H main query heads
-  int64_t kv_heads = 0;        // Hk main key/value heads, H % Hk == 0
-  int64_t proxy_heads = 0;     // Hp proxy query heads, H % Hp == 0
-  int64_t proxy_kv_heads = 0;  // Hpk proxy key heads, Hp % Hpk == 0
-  int64_t head_dim = 0;        // D
-  int64_t proxy_head_dim = 0;  // Dp
-  int64_t top_k = 0;           // K selected blocks per (query, proxy head); ignored in warmup
-  float scale = 0.f;           // main softmax scale, usually D ** -0.5
-  float proxy_scale = 0.f;     // proxy score scale, usually Dp ** -0.5
+  int64_t batch = 0;               // B
+  int64_t seqlen = 0;              // S, tokens per batch row (any S >= 1)
+  int64_t heads = 0;               // H main query heads
+  int64_t kv_heads = 0;            // Hk main key/value heads, H % Hk == 0
+  int64_t proxy_heads = 0;         // Hp proxy query heads, H % Hp == 0
+  int64_t proxy_kv_heads = 0;      // Hpk proxy key heads, Hp % Hpk == 0
+  int64_t head_dim = 0;            // D
+  int64_t proxy_head_dim = 0;      // Dp
+  int64_t top_k = 0;               // K selected blocks per (query, proxy head); ignored in warmup
+  float scale = 0.f;               // main softmax scale, usually D ** -0.5
+  float proxy_scale = 0.f;         // proxy score scale, usually Dp ** -0.5
   DType dtype = DType::kBFloat16;  // dtype of every q/k/v/proxy/out/gradient tensor
   // [num_docs + 1] int32 offsets over the flattened B*S token axis: 0 first, B*S last,
   // non-decreasing, holding every multiple of S. Null: each batch row is one document.
@@ -74,9 +74,9 @@ struct Problem {
 // Proxy scores -> max-pool per block -> top-K blocks (own block forced), SPEC section 1.
 struct SelectParams {
   Problem problem;
-  ConstView qp;       // [B, Hp, S, Dp]
-  ConstView kp;       // [B, Hpk, S, Dp]
-  int32_t* indices;   // [B, Hp, S, K] contiguous; ascending valid blocks, then -1
+  ConstView qp;      // [B, Hp, S, Dp]
+  ConstView kp;      // [B, Hpk, S, Dp]
+  int32_t* indices;  // [B, Hp, S, K] contiguous; ascending valid blocks, then -1
 };
 
 // Main attention over the selected blocks (sparse) or all visible keys (warmup), plus the
@@ -113,11 +113,11 @@ struct BackwardParams {
   const void* lse = nullptr;        // [B, H, S] contiguous, from the forward
   const void* lse_proxy = nullptr;  // [B, Hp, S] contiguous, from the forward
   const void* kl_grad = nullptr;    // [1] upstream gradient w of kl; null: w = 0
-  MutView dqp;                       // [B, Hp, S, Dp]
-  MutView dkp;                       // [B, Hpk, S, Dp]
-  MutView dq;                        // [B, H, S, D]
-  MutView dk;                        // [B, Hk, S, D]
-  MutView dv;                        // [B, Hk, S, D]
+  MutView dqp;                      // [B, Hp, S, Dp]
+  MutView dkp;                      // [B, Hpk, S, Dp]
+  MutView dq;                       // [B, H, S, D]
+  MutView dk;                       // [B, Hk, S, D]
+  MutView dv;                       // [B, Hk, S, D]
 };
 
 // Validation shared by every backend; each throws flash_msa::Error.

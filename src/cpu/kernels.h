@@ -1,6 +1,7 @@
 // Inner loops of the CPU backend, written so that the compiler vectorises them over channels
-// (`omp simd` loops, built with -fopenmp-simd: no OpenMP runtime), and the attended key set of one query as ranges of contiguous keys.
-// The loops are templates on the compute type T (float, or double for float64 tensors).
+// (`omp simd` loops, built with -fopenmp-simd: no OpenMP runtime), and the attended key set of one
+// query as ranges of contiguous keys. The loops are templates on the compute type T (float, or
+// double for float64 tensors).
 #pragma once
 
 #include <algorithm>

@@ -65,9 +65,8 @@ void select_blocks(const SelectParams& params) {
 void select(const SelectParams& params) {
   validate(params);
   validate_cu_seqlens_values(params.problem, params.problem.cu_seqlens);
-  with_compute_type(params.problem.dtype, [&](auto zero) {
-    select_blocks<decltype(zero)>(params);
-  });
+  with_compute_type(params.problem.dtype,
+                    [&](auto zero) { select_blocks<decltype(zero)>(params); });
 }
 
 }  // namespace flash_msa::cpu

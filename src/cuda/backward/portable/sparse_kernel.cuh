@@ -1,6 +1,6 @@
 // Portable (mma.sync) sparse main-attention backward of MSA (SPEC section 4), key-block-outer
-// like the forward (forward/portable/sparse_kernel.cuh): one CTA per work item of the schedule keeps
-// block n's K and V in shared memory and dK, dV of the block in registers, and streams 64-row
+// like the forward (forward/portable/sparse_kernel.cuh): one CTA per work item of the schedule
+// keeps block n's K and V in shared memory and dK, dV of the block in registers, and streams 64-row
 // tiles of floor(64 / G) tokens x G heads (Q and dO double-buffered):
 //   S = Q K^T, dP = dO V^T                     (8 warps as 4 x 2: 16 rows x 64 keys each)
 //   P = exp2(S scale log2e - lse log2e), dS = P (dP - Delta)   (to shared memory, in the dtype)
@@ -19,10 +19,10 @@
 #include <cstdint>
 
 #include "cuda/backward/portable/sparse_portable.h"
-#include "cuda/host/check.h"
-#include "cuda/common/tile_sm80.cuh"
-#include "cuda/schedule/edges.cuh"
 #include "cuda/common/instantiate.h"
+#include "cuda/common/tile_sm80.cuh"
+#include "cuda/host/check.h"
+#include "cuda/schedule/edges.cuh"
 
 namespace flash_msa::cuda::portable::sparse_backward {
 
@@ -72,13 +72,17 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
   const uint64_t* entries = p.index.entries;
   const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.shape.seqlen;
-  const int64_t stats = (int64_t(b) * p.shape.heads + head0) * p.shape.seqlen;  // lse / delta of head0
+  const int64_t stats =
+      (int64_t(b) * p.shape.heads + head0) * p.shape.seqlen;  // lse / delta of head0
 
   copy_rows_async<kKeys, kD, kThreads>(
-      s_k, [&](int r) { return key0 + r < p.shape.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k);
+      s_k,
+      [&](int r) { return key0 + r < p.shape.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; },
+      k);
   if (!kTeacherOnly)
     copy_rows_async<kKeys, kD, kThreads>(
-        s_v, [&](int r) { return key0 + r < p.shape.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; },
+        s_v,
+        [&](int r) { return key0 + r < p.shape.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; },
         v);
   cp_async_commit();
 
@@ -92,7 +96,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
         smem + Smem::kQ + buf * kRows * kD,
         [&](int r) -> const T* {
           const int token = token_of(r);
-          return token < 0 ? nullptr : q + (r % p.shape.group) * p.q.stride_h + token * p.q.stride_s;
+          return token < 0 ? nullptr
+                           : q + (r % p.shape.group) * p.q.stride_h + token * p.q.stride_s;
         },
         q);
     if (!kTeacherOnly)
@@ -100,8 +105,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
           smem + Smem::kDout + buf * kRows * kD,
           [&](int r) -> const T* {
             const int token = token_of(r);
-            return token < 0 ? nullptr
-                             : dout + (r % p.shape.group) * p.dout.stride_h + token * p.dout.stride_s;
+            return token < 0
+                       ? nullptr
+                       : dout + (r % p.shape.group) * p.dout.stride_h + token * p.dout.stride_s;
           },
           dout);
     cp_async_commit();
@@ -178,10 +184,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
         const int t = x / kKeys, col = x % kKeys;
         float sum = 0.f;
         for (int g = 0; g < p.shape.group; ++g)
-          sum += Elem<T>::to_float(s_p[tile_offset<kKeys>(t * p.shape.group + g, col & ~7) + (col & 7)]);
+          sum += Elem<T>::to_float(
+              s_p[tile_offset<kKeys>(t * p.shape.group + g, col & ~7) + (col & 7)]);
         const uint64_t entry = entries[e0 + t];
-        const int64_t ce =
-            schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
+        const int64_t ce = schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
         p.teacher[ce * kKeys + col] = sum * inv_group;
       }
     }
@@ -200,8 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       const int r = 16 * wm + 8 * h + lane / 4;
       if (r >= live_rows) continue;
       const uint64_t entry = entries[e0 + r / p.shape.group];
-      const int64_t ce =
-          schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
+      const int64_t ce = schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
       uint32_t words[kHalfD / 8];  // column tiles kHalfD / 8 wn .. (fragment order)
 #pragma unroll
       for (int nt = 0; nt < kHalfD / 8; ++nt)

@@ -57,7 +57,8 @@ __device__ __forceinline__ void store_pair(unsigned char* tile, int r, int col, 
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const portable::SparseBackwardParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    backward_kernel(const portable::SparseBackwardParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Smem = SharedMemory;
   extern __shared__ unsigned char smem_raw[];
@@ -78,7 +79,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const portable::S
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
   const T* dout =
       static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
-  const int64_t stats = (int64_t(b) * p.shape.heads + head0) * p.shape.seqlen;  // lse / delta of head0
+  const int64_t stats =
+      (int64_t(b) * p.shape.heads + head0) * p.shape.seqlen;  // lse / delta of head0
 
   // Keys past the sequence: zeros (their address clamped to the last key).
   auto key_row = [&](int r, bool& valid) {
@@ -260,8 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const portable::S
       for (int j = 0; j < 8; ++j)
         words[j] = Elem<T>::pack(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
       store_fragment_row<8, 1>(
-          static_cast<T*>(p.dq_part) + (rows.edge[t0 + token] * p.shape.group + head) * kD, lane % 4,
-          8 * wg, words);
+          static_cast<T*>(p.dq_part) + (rows.edge[t0 + token] * p.shape.group + head) * kD,
+          lane % 4, 8 * wg, words);
     }
   }
 

@@ -29,12 +29,12 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/host/check.h"
+#include "cuda/common/instantiate.h"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/forward/portable/sparse_portable.h"
+#include "cuda/host/check.h"
 #include "cuda/schedule/edges.cuh"
-#include "cuda/common/instantiate.h"
 
 namespace flash_msa::cuda::portable::sparse_forward {
 
@@ -60,18 +60,22 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
   if (!schedule::find_item(p.items, p.shape, blockIdx.x, item)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int b = item.b, head0 = item.head0, key0 = item.key0;
-  const T* k =
-      static_cast<const T*>(p.k.data) + b * p.k.stride_b + (head0 / p.shape.kv_group) * p.k.stride_h;
-  const T* v =
-      static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.shape.kv_group) * p.v.stride_h;
+  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b +
+               (head0 / p.shape.kv_group) * p.k.stride_h;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b +
+               (head0 / p.shape.kv_group) * p.v.stride_h;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
   const uint64_t* entries = p.index.entries;
   const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.shape.seqlen;
 
   copy_rows_async<kKeys, kD, kThreads>(
-      s_k, [&](int r) { return key0 + r < p.shape.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; }, k);
+      s_k,
+      [&](int r) { return key0 + r < p.shape.seqlen ? k + (key0 + r) * p.k.stride_s : nullptr; },
+      k);
   copy_rows_async<kKeys, kD, kThreads>(
-      s_v, [&](int r) { return key0 + r < p.shape.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; }, v);
+      s_v,
+      [&](int r) { return key0 + r < p.shape.seqlen ? v + (key0 + r) * p.v.stride_s : nullptr; },
+      v);
   cp_async_commit();
 
   const int tile_tokens = kRows / p.shape.group;
@@ -208,8 +212,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
         const int r = 32 * warp + 16 * mt + 8 * h + lane / 4;
         if (r >= live_rows) continue;
         const uint64_t entry = entries[e0 + r / p.shape.group];
-        const int64_t ce =
-            schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
+        const int64_t ce = schedule::chunk_edge(item.bp, p.chunk, p.shape.top_k, entry);
         const int64_t row = ce * p.shape.group + r % p.shape.group;
         const float inv = l_row > 0.f ? 1.f / l_row : 0.f;
         uint32_t packed[kDTiles];

@@ -1,6 +1,6 @@
 // Hopper (wgmma) sparse main-attention forward of MSA (SPEC section 2), key-block-outer like
-// the portable kernel (forward/portable/sparse_kernel.cuh, which explains the choice), with the same
-// work items and the same partial results, so the merge is shared.
+// the portable kernel (forward/portable/sparse_kernel.cuh, which explains the choice), with the
+// same work items and the same partial results, so the merge is shared.
 //
 // One CTA takes a work item (up to 256 tokens that selected key block n of proxy head p): all
 // 256 threads load K_n and V_n into shared memory once, and the item's entries decoded (token,
@@ -55,7 +55,8 @@ struct SharedMemory {
 // 64-token tiles of proxy queries (one row per token), S_p = Qp Kp^T, and the log-sum-exp of
 // the row's visible scores.
 template <class T, bool kProxy>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel(const portable::SparseForwardParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_kernel(const portable::SparseForwardParams p) {
   using Smem = SharedMemory<kProxy>;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -72,10 +73,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const portable::Sp
   const int wg = warpgroup_index(), wt = threadIdx.x % 128;
   const int warp = wt / 32, lane = threadIdx.x % 32;
   const int b = item.b, ph = item.ph, head0 = item.head0, key0 = item.key0;
-  const T* k =
-      static_cast<const T*>(p.k.data) + b * p.k.stride_b + (head0 / p.shape.kv_group) * p.k.stride_h;
-  const T* v =
-      static_cast<const T*>(p.v.data) + b * p.v.stride_b + (head0 / p.shape.kv_group) * p.v.stride_h;
+  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b +
+               (head0 / p.shape.kv_group) * p.k.stride_h;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b +
+               (head0 / p.shape.kv_group) * p.v.stride_h;
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
 
   // Keys past the sequence: zeros (their address clamped to the last key).
@@ -88,8 +89,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const portable::Sp
   copy_rows_sw128<kKeys, kD, kThreads>(
       s_v, [&](int r, bool& valid) { return v + key_row(r, valid) * p.v.stride_s; }, threadIdx.x);
   if constexpr (kProxy) {
-    const T* kp =
-        static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.shape.proxy_group) * p.kp.stride_h;
+    const T* kp = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b +
+                  (ph / p.shape.proxy_group) * p.kp.stride_h;
     copy_rows_sw128<kKeys, kD, kThreads>(
         s_kp, [&](int r, bool& valid) { return kp + key_row(r, valid) * p.kp.stride_s; },
         threadIdx.x);
@@ -220,8 +221,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const portable::Sp
     }
   };
   // The two warpgroups take turns to issue their products (S of the next tile, then P V of
-  // this one), warpgroup 0 first, on named barriers kTurnBarrier + wg (bar.sync by the warpgroup whose
-  // turn it is, bar.arrive by the other): each one's softmax and stores then run while the
+  // this one), warpgroup 0 first, on named barriers kTurnBarrier + wg (bar.sync by the warpgroup
+  // whose turn it is, bar.arrive by the other): each one's softmax and stores then run while the
   // tensor cores work on the other's products. A warpgroup arrives only for a turn the other
   // still has, so no arrival is left over.
   const int other_tiles = tiles_of(1 - wg);
@@ -372,8 +373,8 @@ void launch_sparse_forward(const portable::SparseForwardParams& params, cudaStre
     launch_large_smem(forward_kernel<T, true>, grid, kThreads, SharedMemory<true>::kBytes, params,
                       stream);
   else
-    launch_large_smem(forward_kernel<T, false>, grid, kThreads, SharedMemory<false>::kBytes,
-                      params, stream);
+    launch_large_smem(forward_kernel<T, false>, grid, kThreads, SharedMemory<false>::kBytes, params,
+                      stream);
 }
 
 }  // namespace flash_msa::cuda::sm90

@@ -20,12 +20,12 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/host/check.h"
+#include "cuda/common/instantiate.h"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/warp_reduce.cuh"
+#include "cuda/host/check.h"
 #include "cuda/proxy/portable/proxy_portable.h"
 #include "cuda/schedule/edges.cuh"
-#include "cuda/common/instantiate.h"
 
 namespace flash_msa::cuda::portable::proxy {
 
@@ -71,13 +71,14 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp / 2, wn = warp % 2;
   const int b = item.b, ph = item.ph, key0 = item.key0;
-  const T* kp =
-      static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (ph / p.shape.proxy_group) * p.kp.stride_h;
+  const T* kp = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b +
+                (ph / p.shape.proxy_group) * p.kp.stride_h;
   const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
   const float coef = kGrad ? __ldg(p.kl_grad) * p.shape.inv_rows : 0.f;
 
   copy_rows_async<kKeys, kDp, kThreads>(
-      s_kp, [&](int r) { return key0 + r < p.shape.seqlen ? kp + (key0 + r) * p.kp.stride_s : nullptr; },
+      s_kp,
+      [&](int r) { return key0 + r < p.shape.seqlen ? kp + (key0 + r) * p.kp.stride_s : nullptr; },
       kp);
   cp_async_commit();
   schedule::load_item_rows<kThreads>(rows, item, p, threadIdx.x);
@@ -96,9 +97,10 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
       if (threadIdx.x < kRows) {
         const int r = threadIdx.x;
         const bool live = t0 + r < item_rows;
-        cp_async_4(&s_lse[buf][r],
-                   p.lse_proxy + int64_t(item.bp) * p.shape.seqlen + (live ? rows.token[t0 + r] : 0),
-                   live);
+        cp_async_4(
+            &s_lse[buf][r],
+            p.lse_proxy + int64_t(item.bp) * p.shape.seqlen + (live ? rows.token[t0 + r] : 0),
+            live);
       }
 #pragma unroll 4
       for (int x = threadIdx.x; x < kRows * kKeys / 4; x += kThreads) {
@@ -284,7 +286,7 @@ void launch_proxy(const ProxyParams& params, cudaStream_t stream) {
 }  // namespace flash_msa::cuda::portable
 
 // One explicit instantiation for element type T (FLASH_MSA_INSTANTIATE, common/instantiate.h).
-#define FLASH_MSA_PROXY_DIM(T, DP) \
+#define FLASH_MSA_PROXY_DIM(T, DP)                                                      \
   template void launch_proxy<T, DP, ProxyMode::kLse>(const ProxyParams&, cudaStream_t); \
-  template void launch_proxy<T, DP, ProxyMode::kKl>(const ProxyParams&, cudaStream_t); \
+  template void launch_proxy<T, DP, ProxyMode::kKl>(const ProxyParams&, cudaStream_t);  \
   template void launch_proxy<T, DP, ProxyMode::kGrad>(const ProxyParams&, cudaStream_t);

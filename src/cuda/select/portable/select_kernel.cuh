@@ -9,10 +9,10 @@
 
 #include <cstdint>
 
-#include "cuda/host/check.h"
-#include "cuda/common/mma_sm80.cuh"
-#include "cuda/select/portable/select_portable.h"
 #include "cuda/common/instantiate.h"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/host/check.h"
+#include "cuda/select/portable/select_portable.h"
 
 namespace flash_msa::cuda::portable {
 
@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
 
   const T* q_gmem =
       static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + h * p.qp.stride_h + m0 * p.qp.stride_s;
-  const T* k_gmem =
-      static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + (h / p.shape.proxy_group) * p.kp.stride_h;
+  const T* k_gmem = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b +
+                    (h / p.shape.proxy_group) * p.kp.stride_h;
 
   const int n_first = doc_start(p, b, m0) / kBlockKeys;
   const int lo_last = doc_start(p, b, m0 + rows_valid - 1);
@@ -242,9 +242,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
     // proxy_scale > 0 (validated) and rounding is monotone, so scaling the maximum equals the
     // maximum of the scaled scores bit for bit.
     float m = p.shape.proxy_scale * (my_slot == 0   ? mx[0][0]
-                               : my_slot == 1 ? mx[0][1]
-                               : my_slot == 2 ? mx[1][0]
-                                              : mx[1][1]);
+                                     : my_slot == 1 ? mx[0][1]
+                                     : my_slot == 2 ? mx[1][0]
+                                                    : mx[1][1]);
     if (n == tile) m = INFINITY;  // the own block is always selected
     if (m > list.thr) list.insert(m, n);
     __syncthreads();  // the next iteration's prefetch overwrites this buffer
@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   const int k = p.shape.top_k;
   for (int x = threadIdx.x; x < rows_valid * k; x += kSelectThreads) {
     const int row = x / k, slot = x % k;
-    int32_t* out = p.indices + ((int64_t(b) * p.shape.proxy_heads + h) * p.shape.seqlen + m0 + row) * k;
+    int32_t* out =
+        p.indices + ((int64_t(b) * p.shape.proxy_heads + h) * p.shape.seqlen + m0 + row) * k;
     const int fill = fills[row];
     if (slot >= fill) {
       out[slot] = -1;
@@ -274,7 +275,8 @@ void launch_select(const SelectKernelParams& params, cudaStream_t stream) {
   const size_t smem = SelectSmemPlan{kDp, params.shape.top_k}.bytes();
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(
       select_kernel<T, kDp>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const unsigned grid = static_cast<unsigned>(params.shape.num_blocks) * params.shape.batch * params.shape.proxy_heads;
+  const unsigned grid = static_cast<unsigned>(params.shape.num_blocks) * params.shape.batch *
+                        params.shape.proxy_heads;
   select_kernel<T, kDp><<<grid, kSelectThreads, smem, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }

@@ -31,10 +31,10 @@
 
 #include <cstdint>
 
-#include "cuda/warmup/portable/warmup_portable.h"
-#include "cuda/host/check.h"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/tile_sm80.cuh"
+#include "cuda/host/check.h"
+#include "cuda/warmup/portable/warmup_portable.h"
 
 namespace flash_msa::cuda::portable::backward {
 
@@ -535,9 +535,10 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
       if (tid < kGroupTokens) {
         const bool ok = tid < m;
         const int tr = ok ? list_tok[g0 + tid] : 0;
-        s_lsep2[tid] =
-            ok ? __ldg(p.lse_proxy + (int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen + tr) * kLog2e
-               : 0.f;
+        s_lsep2[tid] = ok ? __ldg(p.lse_proxy +
+                                  (int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen + tr) *
+                                kLog2e
+                          : 0.f;
         s_tok[tid] = ok ? tr : -1;
         s_ds[tid] = ok ? list_ds[g0 + tid] : 0;
       }

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "cuda/warmup/portable/backward_kernel.cuh"
 #include "cuda/common/instantiate.h"
+#include "cuda/warmup/portable/backward_kernel.cuh"
 
 namespace flash_msa::cuda::portable {
 
@@ -23,7 +23,8 @@ void launch_backward(const BackwardKernelParams& p, cudaStream_t stream) {
   constexpr int kDqSmem = DqConfig<kD, kDp>::kSmemBytes;
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<T, kD, kDp>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem));
-  const dim3 dq_grid((p.shape.seqlen + kDqWarps - 1) / kDqWarps, p.shape.proxy_heads, p.shape.batch);
+  const dim3 dq_grid((p.shape.seqlen + kDqWarps - 1) / kDqWarps, p.shape.proxy_heads,
+                     p.shape.batch);
   dq_kernel<T, kD, kDp><<<dq_grid, kDqWarps * 32, kDqSmem, stream>>>(p);
   FLASH_MSA_CHECK_LAUNCH();
 
@@ -34,9 +35,9 @@ void launch_backward(const BackwardKernelParams& p, cudaStream_t stream) {
   dkv_kernel<T, kD, kDp><<<kv_grid, kKvThreads, kKvSmem, stream>>>(p);
   FLASH_MSA_CHECK_LAUNCH();
 
-  const int64_t items =
-      int64_t(p.shape.batch) * p.shape.seqlen *
-      ((p.shape.heads / p.shape.kv_group) * (kD / 8) + (p.shape.proxy_heads / p.shape.proxy_group) * (kDp / 8));
+  const int64_t items = int64_t(p.shape.batch) * p.shape.seqlen *
+                        ((p.shape.heads / p.shape.kv_group) * (kD / 8) +
+                         (p.shape.proxy_heads / p.shape.proxy_group) * (kDp / 8));
   const int64_t reduce_blocks = std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks);
   reduce_kernel<T, kD, kDp><<<static_cast<unsigned>(reduce_blocks), kThreads, 0, stream>>>(p);
   FLASH_MSA_CHECK_LAUNCH();

@@ -23,12 +23,12 @@
 
 #include <cstdint>
 
-#include "cuda/host/check.h"
+#include "cuda/common/instantiate.h"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/warp_reduce.cuh"
+#include "cuda/host/check.h"
 #include "cuda/warmup/portable/warmup_portable.h"
-#include "cuda/common/instantiate.h"
 
 namespace flash_msa::cuda::portable {
 
