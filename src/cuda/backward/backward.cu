@@ -165,14 +165,10 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
         dispatch_attention(
             pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
               if (chunk.begin == 0) passes::launch_delta<T>(delta, stream);
-              if constexpr (kD == 128) {
-                if (hopper)
-                  sm90::launch_sparse_backward<T>(bp, stream);
-                else
-                  portable::launch_sparse_backward<T, kD, false>(bp, stream);
-              } else {
+              if (hopper)  // only where D = 128, the Hopper kernel's head dim
+                sm90::launch_sparse_backward<T>(bp, stream);
+              else
                 portable::launch_sparse_backward<T, kD, false>(bp, stream);
-              }
               if (proxy) portable::launch_proxy<T, kDp, portable::ProxyMode::kGrad>(pp, stream);
               passes::launch_rows_reduce<T, T>(
                   rows(ws.dq_part, params.dq, pr.scale, shape.group, D), stream);

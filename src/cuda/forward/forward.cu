@@ -131,17 +131,14 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
         };
         dispatch_attention(
             pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
-              // The Hopper kernel takes the proxy lse along where Dp = 128.
-              const bool proxy_along = hopper && kD == 128 && kDp == 128;
+              // hopper holds only where D = 128, the Hopper kernel's head dim; it takes the
+              // proxy lse along where Dp = 128.
+              const bool proxy_along = hopper && kDp == 128;
               if (proxy_along) fp.lse_p_part = ws.lse_p_part;
-              if constexpr (kD == 128) {
-                if (hopper)
-                  sm90::launch_sparse_forward<T>(fp, stream);
-                else
-                  portable::launch_sparse_forward<T, kD>(fp, stream);
-              } else {
+              if (hopper)
+                sm90::launch_sparse_forward<T>(fp, stream);
+              else
                 portable::launch_sparse_forward<T, kD>(fp, stream);
-              }
               if (!proxy_along)
                 portable::launch_proxy<T, kDp, portable::ProxyMode::kLse>(pp, stream);
               passes::launch_merge<T, kD>(mp, stream);

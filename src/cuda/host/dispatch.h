@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/instantiate.h"
 #include "flash_msa/msa.h"
 
 namespace flash_msa::cuda {
@@ -17,19 +18,10 @@ namespace flash_msa::cuda {
 template <class Launch>
 void dispatch_attention(DType dtype, int64_t d, int64_t dp, const Launch& launch) {
   auto dims = [&]<class T>() {
-    if (d == 32) {
-      launch.template operator()<T, 32, 32>();
-    } else if (d == 64) {
-      if (dp == 32)
-        launch.template operator()<T, 64, 32>();
-      else
-        launch.template operator()<T, 64, 64>();
-    } else {
-      if (dp == 64)
-        launch.template operator()<T, 128, 64>();
-      else
-        launch.template operator()<T, 128, 128>();
-    }
+#define FLASH_MSA_CASE(T_, D, DP) \
+  if (d == D && dp == DP) return launch.template operator()<T, D, DP>();
+    FLASH_MSA_ATTENTION_DIMS(FLASH_MSA_CASE, )
+#undef FLASH_MSA_CASE
   };
   if (dtype == DType::kBFloat16) {
     dims.template operator()<__nv_bfloat16>();
