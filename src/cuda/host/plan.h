@@ -13,6 +13,7 @@
 #include "cuda/common/shape.h"
 #include "cuda/host/limits.h"
 #include "cuda/schedule/schedule.h"
+#include "flash_msa/cuda.h"
 #include "flash_msa/msa.h"
 
 namespace flash_msa::cuda {
@@ -73,6 +74,17 @@ size_t layout_bytes(const Layout& layout) {
   Carver c(nullptr);
   layout(c);
   return c.used();
+}
+
+// Checks that `workspace` holds the arrays of `layout` (else the error names the public
+// `sizing_function`) and carves them.
+template <class Layout>
+void carve_workspace(const Workspace& workspace, const Layout& layout,
+                     const char* sizing_function) {
+  check_workspace_bytes(workspace.bytes, layout_bytes(layout), sizing_function);
+  check_workspace_pointer(workspace.data);
+  Carver c(workspace.data);
+  layout(c);
 }
 
 // The token chunks of a sparse pass (forward or backward) and its workspace. A stage describes

@@ -62,13 +62,8 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
   check_attention_limits(pr, portable::kMaxGroup);
   check_views(params);
   float* kl_partial = nullptr;
-  if (params.kl) {
-    check_workspace_bytes(workspace.bytes, warmup::forward_workspace_bytes(params),
-                          "forward_workspace_bytes");
-    check_workspace_pointer(workspace.data);
-    Carver c(workspace.data);
-    forward_layout(pr, true, &kl_partial)(c);
-  }
+  if (params.kl)
+    carve_workspace(workspace, forward_layout(pr, true, &kl_partial), "forward_workspace_bytes");
   const portable::ForwardKernelParams kp{
       .q = params.q,
       .k = params.k,
@@ -95,12 +90,8 @@ void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStre
   const Problem& pr = params.problem;
   check_attention_limits(pr, portable::kMaxGroup);
   check_views(params);
-  check_workspace_bytes(workspace.bytes, warmup::backward_workspace_bytes(params),
-                        "backward_workspace_bytes");
-  check_workspace_pointer(workspace.data);
   BackwardBuffers ws{};
-  Carver c(workspace.data);
-  backward_layout(pr, &ws)(c);
+  carve_workspace(workspace, backward_layout(pr, &ws), "backward_workspace_bytes");
   const portable::BackwardKernelParams kp{
       .q = params.q,
       .k = params.k,
