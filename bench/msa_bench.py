@@ -10,7 +10,10 @@ Measures, on the paper's heads (H=64, Hk=4, Hp=4, Hpk=1, D=Dp=128, K=16 blocks),
     SDPA (kv heads repeated to 64), FlexAttention with a block mask of the same per-query-block
     budget (16 blocks of 128 keys per 128-query block: the own block and 15 random earlier
     ones), and MSA composed from plain torch ops (chunked proxy scores, block max, torch.topk,
-    masked SDPA) where it fits in memory.
+    masked SDPA) where it fits in memory;
+  - the same stages on selections drawn to follow what the trained example model selects
+    (neighbours sharing blocks, near blocks, a sink block; bench/trained_selection.py), next to
+    the proxy's selections on random inputs, with the statistics of both.
 Timing: CUDA events around each call, warm-up calls first, the median of several calls; inputs
 are random normal (never zeros) and, for each configuration, larger than the 60 MB L2.
 
@@ -38,23 +41,29 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_msa
+from trained_selection import load_target, trained_selection
 
 H, HK, HP, HPK, D, DP, K, BS = 64, 4, 4, 1, 128, 128, 16, 128
 DT = torch.bfloat16
 SCALE, PROXY_SCALE = D ** -0.5, DP ** -0.5
 
-# (name, batch, seqlen, documents, warmup); documents: lengths of the packed documents. In the
+# (name, batch, seqlen, documents, warmup, selection); documents: lengths of the packed
+# documents; selection: "proxy" (select_blocks on the random inputs) or "trained" (drawn to follow
+# the selection statistics of the trained example model, bench/trained_selection.py). In the
 # order they run: the headline lengths first, so that a run cut short keeps them.
 CONFIGS = [
-    ("S32K", 1, 32768, None, False),
-    ("S128K", 1, 131072, None, False),
-    ("S8K", 1, 8192, None, False),
-    ("S512K", 1, 524288, None, False),
-    ("S1M", 1, 1048576, None, False),
-    ("B8_S8K", 8, 8192, None, False),
-    ("S32K_docs", 1, 32768, [3000, 9000, 700, 12000, 4100, 3968], False),
-    ("S32K_warmup", 1, 32768, None, True),
+    ("S32K", 1, 32768, None, False, "proxy"),
+    ("S32K_trained", 1, 32768, None, False, "trained"),
+    ("S128K", 1, 131072, None, False, "proxy"),
+    ("S128K_trained", 1, 131072, None, False, "trained"),
+    ("S8K", 1, 8192, None, False, "proxy"),
+    ("S512K", 1, 524288, None, False, "proxy"),
+    ("S1M", 1, 1048576, None, False, "proxy"),
+    ("B8_S8K", 8, 8192, None, False, "proxy"),
+    ("S32K_docs", 1, 32768, [3000, 9000, 700, 12000, 4100, 3968], False, "proxy"),
+    ("S32K_warmup", 1, 32768, None, True, "proxy"),
 ]
+STATS_MAX_S = 131072      # selection_stats holds a (rows, blocks) mask: quadratic in S
 DENSE_MAX_S = 131072      # dense fwd+bwd is quadratic: ~30 s a call at 512K, ~2 min at 1M
 FA2_MAX_S = 32768
 FLEX_S = (32768, 131072)  # each shape compiles FlexAttention anew (tens of seconds)
@@ -212,8 +221,9 @@ def torch_msa_step(qp, kp, q, k, v, dout):
     torch.autograd.backward(out, dout)
 
 
-def measure_config(name, batch, seqlen, docs, warmup, gen, results, deadline):
-    cfg = {"name": name, "batch": batch, "seqlen": seqlen, "documents": docs, "warmup": warmup}
+def measure_config(name, batch, seqlen, docs, warmup, selection, gen, results, deadline):
+    cfg = {"name": name, "batch": batch, "seqlen": seqlen, "documents": docs, "warmup": warmup,
+           "selection": selection}
     results.append(cfg)
     cu, doc_start = doc_layout(batch, seqlen, docs)
     mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=DT, generator=gen)
@@ -226,6 +236,11 @@ def measure_config(name, batch, seqlen, docs, warmup, gen, results, deadline):
     indices = None
     if not warmup:
         indices = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu)
+        if selection == "trained":
+            indices, cfg["selection_fit"] = trained_selection(
+                load_target(), batch, HP, seqlen, K, gen)
+        elif docs is None and seqlen <= STATS_MAX_S:
+            cfg["selection_stats"] = flash_msa.selection_stats(indices)
         sflop = select_flop(doc_start, seqlen)
         cfg["select"] = entry(time_ms(lambda: flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu)),
                               sflop)
@@ -247,6 +262,8 @@ def measure_config(name, batch, seqlen, docs, warmup, gen, results, deadline):
 
     def step():
         idx = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu) if not warmup else None
+        if selection == "trained":  # select runs (and is timed); attention takes the drawn ones
+            idx = indices
         o, _, l, lp = flash_msa.ops.forward(*tensors, idx, SCALE, PROXY_SCALE, cu, True, False)
         flash_msa.ops.backward(dout, kl_grad, *tensors, o, l, lp, idx, SCALE, PROXY_SCALE, cu, True)
 
@@ -262,10 +279,13 @@ def measure_config(name, batch, seqlen, docs, warmup, gen, results, deadline):
         f"({cfg['forward'].get('tflops')} TFLOP/s), backward {cfg['backward']['ms']} ms "
         f"({cfg['backward'].get('tflops')} TFLOP/s), step {step_ms:.1f} ms")
 
-    if not warmup and seqlen in (32768, 131072) and docs is None and batch == 1:
+    if not warmup and seqlen in (32768, 131072) and docs is None and batch == 1 \
+            and selection == "proxy":
         cfg["kernels"] = kernel_breakdown(lambda: forward(False), backward)
 
     del out, lse, lse_proxy
+    if selection != "proxy":  # the peers' work does not depend on the selection
+        return
     peers = cfg["peers"] = {}
     dense_ok = docs is None and not warmup and seqlen <= DENSE_MAX_S
     if dense_ok or (docs is None and warmup and seqlen <= DENSE_MAX_S):
@@ -361,13 +381,13 @@ def main():
     log(f"ceilings: {result['ceilings']}")
     configs = result["configs"] = []
     todo = [c for c in CONFIGS if not wanted or c[0] in wanted]
-    for n, (name, batch, seqlen, docs, warmup) in enumerate(todo, 1):
+    for n, (name, batch, seqlen, docs, warmup, selection) in enumerate(todo, 1):
         log(f"({n}/{len(todo)}) {name}")
         if time.monotonic() > deadline + 60:
             configs.append({"name": name, "skipped": "time budget"})
             continue
         try:
-            measure_config(name, batch, seqlen, docs, warmup, gen, configs, deadline)
+            measure_config(name, batch, seqlen, docs, warmup, selection, gen, configs, deadline)
         except Exception as exc:  # noqa: BLE001  (recorded in the results; the run goes on)
             configs[-1]["error"] = f"{type(exc).__name__}: {exc}"[:400]
             log(f"{name}: {configs[-1]['error']}")

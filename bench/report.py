@@ -3,7 +3,7 @@
     python3 bench/report.py bench/results/RUN.json [--doc docs/benchmarks.md]
 
 Every number in the page and the plots comes from the JSON; nothing is typed by hand. The plots
-need matplotlib (bench/requirements.txt); without it the page is still written.
+need matplotlib (scripts/install_deps.sh installs it into .venv); without it the page is still written.
 """
 
 import argparse
@@ -43,6 +43,48 @@ def kernel_list(kernels):
     names = [kernel_name(k) for k in kernels]
     return "; ".join(f"`{kernel_name(k, names.count(kernel_name(k)) > 1)}` {t:.2f}"
                      for k, t in kernels.items())
+
+
+def selection_section(configs):
+    """Proxy selections on random inputs against selections drawn like a trained model's."""
+    rows = []
+    for c in configs:
+        stats = c.get("selection_stats") or c.get("selection_fit", {}).get("drawn")
+        if "step" not in c or not stats:
+            continue
+        rows.append(f"| {c['name']} | {c['selection']} | {stats['neighbour_overlap']:.2f} | "
+                    f"{stats['tile_union_over_k']:.1f} | {stats['sink_share']:.2f} | "
+                    f"{fmt_ms(c['forward'])} | {fmt_ms(c['backward'])} | {fmt_ms(c['step'])} |")
+    if not rows:
+        return []
+    out = [
+        "## Selections: the proxy's on random inputs against a trained model's",
+        "",
+        "| config | selection | neighbour overlap | blocks per query block / K | sink share | "
+        "forward | backward | step |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "Neighbour overlap: the share of a token's K blocks that the next token selects too; "
+        "blocks per query block: how many distinct blocks the 128 tokens of a query block select "
+        "together, over K (1 when they share one selection, up to 128); sink share: rows that "
+        "select block 0 (`flash_msa.selection_stats`). \"trained\" selections are drawn by "
+        "bench/trained_selection.py to follow the statistics measured on the trained example "
+        "model (docs/training.md):",
+        "",
+    ]
+    for c in configs:
+        fit = c.get("selection_fit")
+        if not fit or "step" not in c:
+            continue
+        t, d = fit["target"], fit["drawn"]
+        out.append(
+            f"- {c['name']}: target (from `{t['source']}`, mean of {t['layers']} layers) "
+            f"neighbour overlap {t['neighbour_overlap']:.3f}, sink share {t['sink_share']:.3f}, "
+            f"blocks per query block / K {t['tile_union_over_k']:.2f} at K = {t['top_k_blocks']}; drawn "
+            f"{d['neighbour_overlap']:.3f}, {d['sink_share']:.3f}, {d['tile_union_over_k']:.2f} at "
+            f"K = {d['top_k_blocks']} (segments of {fit['segment_tokens']} tokens on average).")
+    return out + [""]
 
 
 def page(res, json_name, plots, note):
@@ -122,6 +164,7 @@ def page(res, json_name, plots, note):
         "per-token selection.",
         "",
     ]
+    out += selection_section(res["configs"])
     for c in res["configs"]:
         if "kernels" not in c:
             continue

@@ -7,6 +7,7 @@ was built with them (``flash_msa.built_with_cuda()``). See docs/python.md.
 import torch  # noqa: F401  (loads libtorch, which the extension _C links against)
 
 from . import _C, ops
+from .analysis import selection_stats
 from .interface import (
     BLOCK_SIZE,
     flash_msa_func,
@@ -29,5 +30,6 @@ __all__ = [
     "flash_msa_warmup_func",
     "ops",
     "select_blocks",
+    "selection_stats",
     "sparse_attention",
 ]
