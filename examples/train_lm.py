@@ -140,16 +140,6 @@ class LM(nn.Module):
 # What the proxy selects, against the dense teacher.
 
 
-def layer_inputs(layer, x):
-    """q, k (main, after RoPE) and q_proxy, k_proxy of an MSAAttention layer for its input x."""
-    split, base = MSAAttention._heads, layer.rope_base
-    q = apply_rope(split(layer.q_proj(x), layer.num_heads), base)
-    k = apply_rope(split(layer.k_proj(x), layer.num_kv_heads), base)
-    qp = apply_rope(split(layer.q_proxy_proj(x), layer.num_proxy_heads), base)
-    kp = apply_rope(split(layer.k_proxy_proj(x), layer.num_proxy_kv_heads), base)
-    return q, k, qp, kp
-
-
 def block_recall(layer, q, k, qp, kp, queries):
     """Recall of the proxy's selection at the query positions `queries` (1-D, int64):
     (mass, top): the mean share of the teacher's attention mass inside the selected blocks, and
@@ -193,11 +183,11 @@ def evaluate(model, batches, args, full=False):
                 correct += (logits.argmax(-1)[scored] == targets[scored]).sum().item()
                 total += scored.sum().item()
             # The layers' inputs of the last batch, projected as the layers do.
-            projected = [layer_inputs(layer, captured[i]) for i, layer in enumerate(model.msa_layers())]
+            projected = [layer.projections(captured[i]) for i, layer in enumerate(model.msa_layers())]
         # Recall at queries from the second half, strided; the teacher in fp32, outside autocast.
         seqlen = tokens.shape[1]
         queries = torch.arange(seqlen // 2, seqlen, max(1, seqlen // 1024), device=tokens.device)
-        for layer, (q, k, qp, kp) in zip(model.msa_layers(), projected):
+        for layer, (qp, kp, q, k, _) in zip(model.msa_layers(), projected):
             mass, top = block_recall(layer, q, k, qp, kp, queries)
             recall.append({"mass": round(mass, 4), "top_blocks": round(top, 4)})
             if full:

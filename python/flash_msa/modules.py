@@ -103,6 +103,18 @@ class MSAAttention(nn.Module):
         # (B, S, heads*d) -> (B, heads, S, d) as a strided view: the kernels take the strides.
         return x.unflatten(-1, (heads, -1)).transpose(1, 2)
 
+    def projections(self, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(q_proxy, k_proxy, q, k, v) head-major, RoPE applied to all but v; the proxy ones
+        from ``hidden.detach()``: what the attention call gets."""
+        base = self.rope_base
+        q = apply_rope(self._heads(self.q_proj(hidden), self.num_heads), base)
+        k = apply_rope(self._heads(self.k_proj(hidden), self.num_kv_heads), base)
+        v = self._heads(self.v_proj(hidden), self.num_kv_heads)
+        detached = hidden.detach()
+        q_proxy = apply_rope(self._heads(self.q_proxy_proj(detached), self.num_proxy_heads), base)
+        k_proxy = apply_rope(self._heads(self.k_proxy_proj(detached), self.num_proxy_kv_heads), base)
+        return q_proxy, k_proxy, q, k, v
+
     def forward(self, hidden: Tensor, cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         hidden_size = self.q_proj.in_features
         if not isinstance(hidden, Tensor) or hidden.dim() != 3 or hidden.shape[-1] != hidden_size:
@@ -112,13 +124,7 @@ class MSAAttention(nn.Module):
                 f"flash_msa: MSAAttention: hidden: expected a 3-D tensor (B, S, hidden_size="
                 f"{hidden_size}), got {got}"
             )
-        base = self.rope_base
-        q = apply_rope(self._heads(self.q_proj(hidden), self.num_heads), base)
-        k = apply_rope(self._heads(self.k_proj(hidden), self.num_kv_heads), base)
-        v = self._heads(self.v_proj(hidden), self.num_kv_heads)
-        detached = hidden.detach()
-        q_proxy = apply_rope(self._heads(self.q_proxy_proj(detached), self.num_proxy_heads), base)
-        k_proxy = apply_rope(self._heads(self.k_proxy_proj(detached), self.num_proxy_kv_heads), base)
+        q_proxy, k_proxy, q, k, v = self.projections(hidden)
         attend = flash_msa_warmup_func if self.warmup else flash_msa_func
         out, kl = attend(
             q_proxy, k_proxy, q, k, v, self.top_k, cu_seqlens=cu_seqlens,
