@@ -252,20 +252,20 @@ def measure_config(name, batch, seqlen, docs, warmup, selection, gen, results, d
     cfg["main_forward_flop"] = flop
 
     def forward(compute_kl):
-        return flash_msa.ops.forward(*tensors, indices, SCALE, PROXY_SCALE, cu, True, compute_kl)
+        return flash_msa.ops.forward(*tensors, indices, SCALE, PROXY_SCALE, cu, compute_kl)
 
     out, _, lse, lse_proxy = forward(True)
 
     def backward():
         return flash_msa.ops.backward(dout, kl_grad, *tensors, out, lse, lse_proxy, indices,
-                                      SCALE, PROXY_SCALE, cu, True)
+                                      SCALE, PROXY_SCALE, cu)
 
     def step():
         idx = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu) if not warmup else None
         if selection == "trained":  # select runs (and is timed); attention takes the drawn ones
             idx = indices
-        o, _, l, lp = flash_msa.ops.forward(*tensors, idx, SCALE, PROXY_SCALE, cu, True, False)
-        flash_msa.ops.backward(dout, kl_grad, *tensors, o, l, lp, idx, SCALE, PROXY_SCALE, cu, True)
+        o, _, l, lp = flash_msa.ops.forward(*tensors, idx, SCALE, PROXY_SCALE, cu, False)
+        flash_msa.ops.backward(dout, kl_grad, *tensors, o, l, lp, idx, SCALE, PROXY_SCALE, cu)
 
     cfg["forward"] = entry(time_ms(lambda: forward(False)), flop)
     cfg["forward_with_kl_value"] = entry(time_ms(lambda: forward(True)), flop)

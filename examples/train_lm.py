@@ -344,7 +344,7 @@ def parse(argv):
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--proxy-heads", type=int, default=1)
+    p.add_argument("--proxy-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=128, help="128: the Hopper kernels")
     p.add_argument("--top-k-blocks", type=int, default=None,
                    help="blocks of 128 tokens per query (default: seqlen / 8 tokens' worth)")
@@ -380,6 +380,9 @@ def parse(argv):
                 f"--seqlen ({args.seqlen})")
     if args.device == "cuda" and not (torch.cuda.is_available() and flash_msa.built_with_cuda()):
         p.error("--device cuda: needs a GPU and flash_msa built with CUDA")
+    if "msa" in runs and args.device == "cuda" and args.proxy_heads % args.kv_heads:
+        p.error(f"--proxy-heads {args.proxy_heads}: the CUDA kernels keep each proxy group inside "
+                f"one kv group: expected a multiple of --kv-heads ({args.kv_heads})")
     return args, runs
 
 
