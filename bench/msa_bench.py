@@ -5,7 +5,9 @@
 Measures, on the paper's heads (H=64, Hk=4, Hp=4, Hpk=1, D=Dp=128, K=16 blocks), bf16:
   - the card's ceilings: a bf16 8192^3 matmul (random inputs) and a device-to-device copy;
   - flash-msa per stage (select, scheduling, main forward with and without the KL value,
-    backward) and the training step (select + forward + backward), with the peak GPU memory;
+    backward with and without the KL value) and the training step (select + forward + backward,
+    without the KL value and with it computed by the backward: MSAAttention's default), with the
+    peak GPU memory;
   - peers on the same tensors: cuDNN and FlashAttention-2 dense causal attention through torch
     SDPA (kv heads repeated to 64), FlexAttention with a block mask of the same per-query-block
     budget (16 blocks of 128 keys per 128-query block: the own block and 15 random earlier
@@ -252,32 +254,40 @@ def measure_config(name, batch, seqlen, docs, warmup, selection, gen, results, d
     cfg["main_forward_flop"] = flop
 
     def forward(compute_kl):
-        return flash_msa.ops.forward(*tensors, indices, SCALE, PROXY_SCALE, cu, compute_kl)
+        return flash_msa.ops.forward(*tensors, indices, SCALE, PROXY_SCALE, cu, compute_kl, None)
 
     out, _, lse, lse_proxy = forward(True)
 
-    def backward():
-        return flash_msa.ops.backward(dout, kl_grad, *tensors, out, lse, lse_proxy, indices,
-                                      SCALE, PROXY_SCALE, cu)
+    kl_value = torch.empty((), device="cuda")
 
-    def step():
+    def backward(kl_out=None):
+        return flash_msa.ops.backward(dout, kl_grad, *tensors, out, lse, lse_proxy, indices,
+                                      SCALE, PROXY_SCALE, cu, kl_out)
+
+    def step(kl_out=None):
         idx = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu) if not warmup else None
         if selection == "trained":  # select runs (and is timed); attention takes the drawn ones
             idx = indices
-        o, _, l, lp = flash_msa.ops.forward(*tensors, idx, SCALE, PROXY_SCALE, cu, False)
-        flash_msa.ops.backward(dout, kl_grad, *tensors, o, l, lp, idx, SCALE, PROXY_SCALE, cu)
+        o, _, l, lp = flash_msa.ops.forward(*tensors, idx, SCALE, PROXY_SCALE, cu, False, None)
+        flash_msa.ops.backward(dout, kl_grad, *tensors, o, l, lp, idx, SCALE, PROXY_SCALE, cu,
+                               kl_out)
 
     cfg["forward"] = entry(time_ms(lambda: forward(False)), flop)
     cfg["forward_with_kl_value"] = entry(time_ms(lambda: forward(True)), flop)
     cfg["backward"] = entry(time_ms(backward), 2.5 * flop)
+    cfg["backward_with_kl_value"] = entry(time_ms(lambda: backward(kl_value)), 2.5 * flop)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step_ms = time_ms(step)
     cfg["step"] = entry(step_ms, sflop + 3.5 * flop)
     cfg["step_peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+    # The KL value from the backward (kl_out; MSAAttention's default) against no value.
+    cfg["step_with_kl_value"] = entry(time_ms(lambda: step(kl_value)), sflop + 3.5 * flop)
+    cfg["kl_value_share_of_step"] = round(cfg["step_with_kl_value"]["ms"] / step_ms - 1, 4)
     log(f"{name}: select {cfg.get('select', {}).get('ms', '-')} ms, forward {cfg['forward']['ms']} ms "
         f"({cfg['forward'].get('tflops')} TFLOP/s), backward {cfg['backward']['ms']} ms "
-        f"({cfg['backward'].get('tflops')} TFLOP/s), step {step_ms:.1f} ms")
+        f"({cfg['backward'].get('tflops')} TFLOP/s), step {step_ms:.1f} ms, with the KL value "
+        f"{cfg['step_with_kl_value']['ms']} ms")
 
     if not warmup and seqlen in (32768, 131072) and docs is None and batch == 1 \
             and selection == "proxy":

@@ -13,6 +13,12 @@ import os
 STAGES = [("select", "select"), ("forward", "forward"), ("backward", "backward"), ("step", "step")]
 
 
+def share(c):
+    """ [+x.x %]: the step's extra time for the backward's KL value."""
+    s = c.get("kl_value_share_of_step")
+    return "" if s is None else f" [{100 * s:+.1f} %]"
+
+
 def fmt_ms(e):
     if not e or "ms" not in e:
         return "-"
@@ -112,25 +118,29 @@ def page(res, json_name, plots, note):
     out += [
         "## flash-msa per stage (ms, TFLOP/s)",
         "",
-        "| config | select | scheduling | forward | forward + KL value | backward | step | "
-        "peak memory |",
-        "|---|---|---|---|---|---|---|---|",
+        "| config | select | scheduling | forward | forward + KL value | backward | "
+        "backward + KL value | step | step + KL value (backward's) | peak memory |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in res["configs"]:
         if "step" not in c:
             why = c.get("skipped") or c.get("error") or "incomplete"
-            out.append(f"| {c['name']} | not measured: {why} |||||||")
+            out.append(f"| {c['name']} | not measured: {why} |||||||||")
             continue
         sched = c.get("kernels", {}).get("forward_scheduling_ms")
         out.append(
             f"| {c['name']} | {fmt_ms(c.get('select'))} | "
             f"{'-' if sched is None else f'{sched:.2f}'} | {fmt_ms(c['forward'])} | "
             f"{fmt_ms(c['forward_with_kl_value'])} | {fmt_ms(c['backward'])} | "
-            f"{fmt_ms(c['step'])} | {c['step_peak_memory_gb']} GB |")
+            f"{fmt_ms(c.get('backward_with_kl_value'))} | {fmt_ms(c['step'])} | "
+            f"{fmt_ms(c.get('step_with_kl_value'))}{share(c)} | {c['step_peak_memory_gb']} GB |")
     out += [
         "",
         "The step is select + forward (without the KL value) + backward (with the proxy "
-        "gradients); scheduling is the forward's share spent building the reverse index and the "
+        "gradients); \"+ KL value\" columns compute the KL value too: in the forward "
+        "(`compute_kl=True`, an extra pass over the selected blocks) or in the backward "
+        "(`kl_out`, from the teacher the backward recomputes; MSAAttention's default), with the "
+        "backward's cost as a share of the step in brackets; scheduling is the forward's share spent building the reverse index and the "
         "work items (profiler, one call; measured at 32K and 128K). Warmup rows run the dense "
         "kernels. Peak memory counts every tensor of the step, inputs included.",
         "",

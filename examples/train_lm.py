@@ -124,7 +124,9 @@ class LM(nn.Module):
         self.head = nn.Linear(args.hidden, args.keys + args.values, bias=False)
 
     def forward(self, tokens):
-        """-> (logits (B, S, vocab), KL value summed over the layers, or None when dense)."""
+        """-> (logits (B, S, vocab), the KL loss terms summed over the layers, or None when
+        dense). The terms carry the proxy gradient; their value is 0 (MSAAttention's default,
+        compute_kl=False): each backward writes the KL value into the layer's kl_value."""
         x, kl = self.embed(tokens), None
         for block in self.blocks:
             x, layer_kl = block(x)
@@ -237,7 +239,8 @@ def train(name, model, args, eval_batches, log):
         ms = (time.perf_counter() - t0) * 1e3
         entry = {"step": step, "phase": "warmup" if warmup else ("sparse" if msa else "dense"),
                  "seqlen": shape[1], "loss": round(ce.item(), 5), "ms": round(ms, 3)}
-        if kl is not None:
+        if kl is not None:  # the KL value of this step's backward, summed over the layers
+            kl = sum(layer.kl_value for layer in model.msa_layers())
             entry["kl"] = round(kl.item(), 5)
         rec["steps"].append(entry)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:

@@ -113,6 +113,9 @@ struct BackwardParams {
   const void* lse = nullptr;        // [B, H, S] contiguous, from the forward
   const void* lse_proxy = nullptr;  // [B, Hp, S] contiguous, from the forward
   const void* kl_grad = nullptr;    // [1] upstream gradient w of kl; null: w = 0
+  // [1] out: the KL loss value from the teacher the backward recomputes (the forward's value up
+  // to rounding; the forward can then skip its teacher pass); null: not computed.
+  void* kl = nullptr;
   MutView dqp;                      // [B, Hp, S, Dp]
   MutView dkp;                      // [B, Hpk, S, Dp]
   MutView dq;                       // [B, H, S, D]

@@ -35,7 +35,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &ext::backward, no_gil, py::arg("dout"), py::arg("kl_grad"), py::arg("qp"),
         py::arg("kp"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"),
         py::arg("lse_proxy"), py::arg("indices"), py::arg("scale"), py::arg("proxy_scale"),
-        py::arg("cu_seqlens"));
+        py::arg("cu_seqlens"), py::arg("kl_out"));
   m.def("built_with_cuda", &ext::built_with_cuda);
   m.def("cuda_device_available", &cuda_device_available,
         "True when built with CUDA and a device of compute capability >= 8.0 is visible");

@@ -273,7 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& kp_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& lse_proxy_in,
     const std::optional<at::Tensor>& indices_in, double scale, double proxy_scale,
-    const std::optional<at::Tensor>& cu_seqlens) {
+    const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& kl_out) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy"), kp = kernel_layout(kp_in, "k_proxy");
   const at::Tensor q = kernel_layout(q_in, "q"), k = kernel_layout(k_in, "k"),
                    v = kernel_layout(v_in, "v");
@@ -294,6 +294,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
                 "flash_msa: kl_grad: expected one element, got " + shape_str(kl_grad_in->sizes()));
     check_same_device(q, *kl_grad_in, "kl_grad");
     kl_grad = kl_grad_in->to(stats_type(q)).contiguous();
+  }
+  if (kl_out) {
+    check_value(kl_out->dim() == 0 && kl_out->scalar_type() == stats_type(q),
+                std::string("flash_msa: kl_out: expected a 0-dim ") +
+                    c10::toString(stats_type(q)) + " tensor, got " +
+                    c10::toString(kl_out->scalar_type()) + " of shape " +
+                    shape_str(kl_out->sizes()));
+    check_same_device(q, *kl_out, "kl_out");
   }
   const bool warmup = !indices_in.has_value();
   const at::Tensor indices = warmup ? at::Tensor() : checked_indices(*indices_in, qp);
@@ -316,6 +324,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
       .lse = const_stats_ptr(lse),
       .lse_proxy = const_stats_ptr(lse_proxy),
       .kl_grad = kl_grad.defined() ? const_stats_ptr(kl_grad) : nullptr,
+      .kl = kl_out ? stats_ptr(*kl_out) : nullptr,
       .dqp = mut_view(dqp),
       .dkp = mut_view(dkp),
       .dq = mut_view(dq),

@@ -29,13 +29,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
 // Backward over the cached selection (or dense when `indices` is absent). dout [B, S, H*D] is
 // the gradient of out; kl_grad (one element, may be absent: weight 0) that of kl, read on the
 // device. Returns dqp, dkp, dq, dk, dv shaped like their inputs. Every path is deterministic:
-// the gradients are bitwise reproducible (on the CPU for a fixed thread count).
+// the gradients are bitwise reproducible (on the CPU for a fixed thread count). kl_out (0-dim,
+// the statistics' dtype, may be absent) receives the KL value from the backward's teacher.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& dout, const std::optional<at::Tensor>& kl_grad, const at::Tensor& qp,
     const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& lse_proxy,
     const std::optional<at::Tensor>& indices, double scale, double proxy_scale,
-    const std::optional<at::Tensor>& cu_seqlens);
+    const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& kl_out);
 
 // True when this build holds the CUDA kernels (FLASH_MSA_WITH_CUDA).
 bool built_with_cuda();

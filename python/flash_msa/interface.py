@@ -202,10 +202,27 @@ def select_blocks(
     return ops.select(q_proxy, k_proxy, top_k_blocks, proxy_scale, cu_seqlens)
 
 
-def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl):
+def _check_kl_out(kl_out, q: Tensor) -> None:
+    if kl_out is None:
+        return
+    stats = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if not isinstance(kl_out, Tensor) or kl_out.dim() != 0 or kl_out.dtype != stats:
+        got = (f"{kl_out.dtype} of shape {tuple(kl_out.shape)}" if isinstance(kl_out, Tensor)
+               else type(kl_out).__name__)
+        _fail(f"kl_out: expected a 0-dim {stats} tensor (the KL value's dtype for {q.dtype} "
+              f"inputs), got {got}")
+    if kl_out.device != q.device:
+        _fail(f"kl_out: expected device {q.device} (that of q), got {kl_out.device}")
+    if kl_out.requires_grad:
+        _fail("kl_out: expected a tensor that does not require grad (the backward writes into it)")
+
+
+def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl,
+               kl_out):
+    _check_kl_out(kl_out, q)
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     out, kl, _, _ = ops.forward(
-        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(compute_kl)
+        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(compute_kl), kl_out
     )
     return out, kl
 
@@ -221,7 +238,8 @@ def sparse_attention(
     scale: Optional[float] = None,
     proxy_scale: Optional[float] = None,
     cu_seqlens: Optional[Tensor] = None,
-    compute_kl: bool = True,
+    compute_kl: bool = False,
+    kl_out: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """Main attention over given blocks plus the KL alignment loss (SPEC sections 2-4).
 
@@ -229,14 +247,13 @@ def sparse_attention(
     strictly ascending visible blocks (of 128 keys) that include the query's own block, then
     -1 padding (the CPU backend checks this and raises ValueError).
     Returns (out (B, S, H*D), kl 0-dim fp32, float64 for float64 inputs), differentiable
-    w.r.t. q, k, v (through out) and q_proxy, k_proxy (through kl). ``compute_kl=False`` skips
-    the KL value (kl is then 0 but still carries the proxy gradients; see docs/python.md for
-    its cost).
+    w.r.t. q, k, v (through out) and q_proxy, k_proxy (through kl). The KL value, as in
+    :func:`flash_msa_func`: in ``kl_out`` after the backward, or in kl with ``compute_kl=True``.
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
     _check_indices(indices, q_proxy)
     return _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens,
-                      compute_kl)
+                      compute_kl, kl_out)
 
 
 def flash_msa_func(
@@ -251,26 +268,33 @@ def flash_msa_func(
     proxy_scale: Optional[float] = None,
     cu_seqlens: Optional[Tensor] = None,
     return_kl: bool = True,
-    compute_kl: bool = True,
+    compute_kl: bool = False,
+    kl_out: Optional[Tensor] = None,
 ):
     """MiniMax Sparse Attention, Flash-MSA's call: select, then sparse attention + KL.
 
     q_proxy (B, Hp, S, Dp), k_proxy (B, Hpk, S, Dp), q (B, H, S, D), k and v (B, Hk, S, D),
     all of one dtype on one device. ``top_k`` counts tokens: a positive multiple of 128 (any
     integral type), K = top_k // 128 blocks (K may exceed the number of blocks). Returns
-    (out (B, S, H*D), kl_loss) where kl_loss is the true KL value (0-dim fp32, float64 for
-    float64 inputs); adding it to the loss trains the proxy, with gradients scaled by its
-    upstream gradient. ``return_kl=False`` returns out alone.
-    ``compute_kl=False`` skips computing the KL value: kl_loss is then 0 (Flash-MSA's
-    placeholder) and still trains the proxy through its gradient; the value costs a second pass
-    over the selected blocks (docs/python.md gives the measured cost).
+    (out (B, S, H*D), kl_loss) where kl_loss (0-dim fp32, float64 for float64 inputs) is the
+    KL loss term: adding it to the loss trains the proxy, with gradients scaled by its upstream
+    gradient. ``return_kl=False`` returns out alone.
+
+    The KL value (for logging; it changes no gradient) comes one of two ways:
+    - ``kl_out``, a 0-dim fp32 tensor (float64 for float64 inputs) on the inputs' device: the
+      backward writes the value into it, from the teacher it recomputes anyway (a few percent of
+      the step). It is there once the backward has run, and equals the forward's value up to
+      rounding.
+    - ``compute_kl=True``: kl_loss holds the value right after the forward, which then makes an
+      extra pass over the selected blocks (about half a forward; docs/python.md).
+    By default (``compute_kl=False``) kl_loss is 0 in value, as Flash-MSA's placeholder.
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
     top_k = _check_top_k(top_k)
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     indices = ops.select(q_proxy, k_proxy, top_k // BLOCK_SIZE, proxy, cu_seqlens)
     out, kl = _attention(q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens,
-                         compute_kl)
+                         compute_kl, kl_out)
     return (out, kl) if return_kl else out
 
 
@@ -286,7 +310,8 @@ def flash_msa_warmup_func(
     proxy_scale: Optional[float] = None,
     cu_seqlens: Optional[Tensor] = None,
     return_kl: bool = True,
-    compute_kl: bool = True,
+    compute_kl: bool = False,
+    kl_out: Optional[Tensor] = None,
 ):
     """Warmup phase (SPEC section 5): dense causal attention, KL against the dense teacher.
 
@@ -295,5 +320,5 @@ def flash_msa_warmup_func(
     """
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
     out, kl = _attention(q_proxy, k_proxy, q, k, v, None, scale, proxy_scale, cu_seqlens,
-                         compute_kl)
+                         compute_kl, kl_out)
     return (out, kl) if return_kl else out

@@ -1,5 +1,6 @@
 """MSAAttention: a GQA attention layer with the MSA proxy (index) branch."""
 
+import math
 from typing import Optional
 
 import torch
@@ -44,6 +45,12 @@ class MSAAttention(nn.Module):
     gradient detach). Add ``kl_loss`` (times a weight) to the training loss; set ``warmup``
     to True for the dense warmup phase. ``top_k`` counts tokens (a multiple of 128); it and
     every argument after it are keyword-only.
+
+    The KL value: every backward writes it into the buffer ``kl_value`` (0-dim fp32, float64
+    for a float64 module; NaN until the first backward), from the teacher the backward
+    recomputes, at a few percent of the step. ``compute_kl=True`` also makes the returned
+    ``kl_loss`` hold it right after the forward, at the cost of an extra pass; by default
+    ``kl_loss`` is 0 in value and only carries the proxy gradient.
     """
 
     def __init__(
@@ -60,7 +67,7 @@ class MSAAttention(nn.Module):
         rope_base: float = 10000.0,
         warmup: bool = False,
         bias: bool = False,
-        compute_kl: bool = True,
+        compute_kl: bool = False,
         device=None,
         dtype=None,
     ):
@@ -97,6 +104,16 @@ class MSAAttention(nn.Module):
         self.q_proxy_proj = nn.Linear(hidden_size, num_proxy_heads * proxy_head_dim, bias=bias, **factory)
         self.k_proxy_proj = nn.Linear(hidden_size, num_proxy_kv_heads * proxy_head_dim, bias=bias, **factory)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias, **factory)
+        stats = torch.float64 if dtype == torch.float64 else torch.float32
+        self.register_buffer("kl_value", torch.full((), math.nan, dtype=stats, device=device),
+                             persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .half(), .cuda() ... apply to the buffer too; keep it in a statistics dtype.
+        super()._apply(fn, recurse)
+        if self.kl_value.dtype not in (torch.float32, torch.float64):
+            self.kl_value = self.kl_value.float()
+        return self
 
     @staticmethod
     def _heads(x: Tensor, heads: int) -> Tensor:
@@ -128,6 +145,6 @@ class MSAAttention(nn.Module):
         attend = flash_msa_warmup_func if self.warmup else flash_msa_func
         out, kl = attend(
             q_proxy, k_proxy, q, k, v, self.top_k, cu_seqlens=cu_seqlens,
-            compute_kl=self.compute_kl,
+            compute_kl=self.compute_kl, kl_out=self.kl_value,
         )
         return self.o_proj(out), kl

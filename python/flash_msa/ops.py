@@ -53,17 +53,20 @@ def forward(
     proxy_scale: float,
     cu_seqlens: Optional[Tensor],
     compute_kl: bool,
+    kl_out: Optional[Tensor],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(out [B, S, H*D], kl 0-dim, lse [B, H, S], lse_proxy [B, Hp, S]).
 
     ``indices`` None runs warmup (dense). ``kl`` holds the KL value when ``compute_kl``, else 0
-    (its gradient drives the proxy branch either way).
+    (its gradient drives the proxy branch either way). ``kl_out`` (0-dim, the statistics'
+    dtype) is not read here: the autograd backward passes it to :func:`backward`, which writes
+    the KL value into it.
     """
     return _C.forward(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl)
 
 
 @forward.register_fake
-def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl):
+def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl, kl_out):
     batch, heads, seqlen, head_dim = q.shape
     stats = _stats_dtype(q)
     return (
@@ -74,7 +77,7 @@ def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, comp
     )
 
 
-@torch.library.custom_op("flash_msa::backward", mutates_args=())
+@torch.library.custom_op("flash_msa::backward", mutates_args=("kl_out",))
 def backward(
     dout: Tensor,
     kl_grad: Optional[Tensor],
@@ -90,8 +93,11 @@ def backward(
     scale: float,
     proxy_scale: float,
     cu_seqlens: Optional[Tensor],
+    kl_out: Optional[Tensor],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dqp, dkp, dq, dk, dv), contiguous and shaped like qp, kp, q, k, v.
+    """(dqp, dkp, dq, dk, dv), contiguous and shaped like qp, kp, q, k, v; writes the KL value
+    into ``kl_out`` when given, from the teacher the backward recomputes (equal to the forward's
+    value up to rounding), with or without ``kl_grad``.
 
     Main gradients come from ``dout`` [B, S, H*D]; proxy gradients from the KL weight
     ``kl_grad`` (0-dim on the device; None means 0). Bitwise reproducible: no path uses
@@ -99,7 +105,7 @@ def backward(
     """
     return _C.backward(
         dout, kl_grad, qp, kp, q, k, v, out, lse, lse_proxy, indices, scale, proxy_scale,
-        cu_seqlens,
+        cu_seqlens, kl_out,
     )
 
 
@@ -109,9 +115,12 @@ def _backward_fake(dout, kl_grad, qp, kp, q, k, v, *rest):
 
 
 def _forward_setup_context(ctx, inputs, output):
-    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, _ = inputs
+    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, _, kl_out = inputs
     out, _, lse, lse_proxy = output
     ctx.save_for_backward(qp, kp, q, k, v, out, lse, lse_proxy, indices, cu_seqlens)
+    # Held outside the saved tensors: every backward writes into it, and a saved tensor's
+    # version check would refuse a second backward through the same graph.
+    ctx.kl_out = kl_out
     ctx.scale = scale
     ctx.proxy_scale = proxy_scale
     # The statistics are outputs only so that the backward can reuse them.
@@ -124,17 +133,18 @@ def _forward_setup_context(ctx, inputs, output):
 
 def _forward_backward(ctx, dout, kl_grad, _dlse, _dlse_proxy):
     qp, kp, q, k, v, out, lse, lse_proxy, indices, cu_seqlens = ctx.saved_tensors
+    kl_out = ctx.kl_out
     # kl_grad stays a device tensor: the proxy gradients are scaled by it inside the kernels,
-    # without a host sync.
+    # without a host sync. kl_out, when given, receives the KL value.
     dqp, dkp, dq, dk, dv = backward(
         torch.zeros_like(out) if dout is None else dout, kl_grad, qp, kp, q, k, v, out, lse,
-        lse_proxy, indices, ctx.scale, ctx.proxy_scale, cu_seqlens,
+        lse_proxy, indices, ctx.scale, ctx.proxy_scale, cu_seqlens, kl_out,
     )
     if dout is None:
         dq = dk = dv = None
     if kl_grad is None:
         dqp = dkp = None
-    return (dqp, dkp, dq, dk, dv, None, None, None, None, None)
+    return (dqp, dkp, dq, dk, dv, None, None, None, None, None, None)
 
 
 forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)

@@ -4,6 +4,7 @@
 // tensors) that are summed in thread order. Rows are split statically, so results are bitwise
 // reproducible for a given thread count.
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "common/documents.h"
@@ -49,6 +50,8 @@ void backward(const BackwardParams& params, bool warmup) {
   const int64_t max_keys = max_attended(d, warmup);
   // g = kl_weight * (pp - t): the KL gradient w / (B * Hp * S) folded into one factor.
   const T kl_weight = (kl_grad ? *kl_grad : T(0)) / static_cast<T>(d.rows());
+  T* const kl_out = stats_ptr<T>(params.kl);
+  std::vector<double> kl_rows(kl_out ? static_cast<size_t>(d.rows()) : 0);
   const int threads = num_threads();
   const size_t kv_size = static_cast<size_t>(d.B * d.Hk * d.S * d.D);
   std::vector<std::vector<T>> dk_acc(threads), dv_acc(threads), dkp_acc(threads);
@@ -100,7 +103,7 @@ void backward(const BackwardParams& params, bool warmup) {
       group_scatter(d, b, h0, prob.data(), dout.data(), ranges.data(), nr, n, dv_acc[tid].data());
 
       std::fill(dqp.begin(), dqp.end(), T(0));
-      if (kl_weight != T(0)) {
+      if (kl_weight != T(0) || kl_out) {
         const int64_t pk = d.proxy_key_head(p);
         std::fill(teacher.begin(), teacher.begin() + n, T(0));
         for (int64_t g = 0; g < d.G; ++g)
@@ -110,10 +113,14 @@ void backward(const BackwardParams& params, bool warmup) {
         for (int64_t c = 0; c < d.Dp; ++c) qp[static_cast<size_t>(c)] *= pr.proxy_scale;
         proxy_dots(d, b, pk, qp.data(), kp, ranges.data(), nr, grad.data());
         const T lse_proxy = lse_proxy_in[r], inv_g = T(1) / static_cast<T>(d.G);
+        double kl = 0;  // the KL value's row term, as the forward sums it
         for (int64_t x = 0; x < n; ++x) {
           const size_t at = static_cast<size_t>(x);
-          grad[at] = kl_weight * (std::exp(grad[at] - lse_proxy) - teacher[at] * inv_g);
+          const T t = teacher[at] * inv_g, log_pp = grad[at] - lse_proxy;
+          if (kl_out && t > 0) kl += static_cast<double>(t) * (std::log(double(t)) - log_pp);
+          grad[at] = kl_weight * (std::exp(log_pp) - t);
         }
+        if (kl_out) kl_rows[static_cast<size_t>(r)] = kl;
         for_each_key_tile(ranges.data(), nr, [&](int64_t j, int64_t len, int64_t x) {
           axpy(dqp.data(), &grad[static_cast<size_t>(x)], 1, kp.row(b, pk, j), len, d.Dp);
         });
@@ -127,6 +134,9 @@ void backward(const BackwardParams& params, bool warmup) {
                 pr.proxy_scale);
     }
   });
+  if (kl_out)
+    *kl_out = static_cast<T>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
+                             static_cast<double>(d.rows()));
   reduce_store(pr.dtype, dk_acc, params.dk, d.B, d.Hk, d.S, d.D);
   reduce_store(pr.dtype, dv_acc, params.dv, d.B, d.Hk, d.S, d.D);
   reduce_store(pr.dtype, dkp_acc, params.dkp, d.B, d.Hpk, d.S, d.Dp);

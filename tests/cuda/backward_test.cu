@@ -30,13 +30,14 @@ namespace {
 struct CudaGrads {
   Grads g;
   std::vector<std::vector<uint16_t>> bits;
+  float kl = kNaN;  // the backward's KL value (want_kl)
 };
 
 // Runs the CUDA backward with every output and the workspace poisoned (0xFF bytes = NaN) and
 // checks that each output element was written, finite, and nothing outside a view was touched.
 CudaGrads run_cuda_backward(const Config& cfg, const Inputs& in, const Outputs& fwd, bool warmup,
                             const std::vector<int32_t>& indices, const float* kl_grad,
-                            int64_t max_chunk_tokens = 0) {
+                            int64_t max_chunk_tokens = 0, bool want_kl = false) {
   const Dims& d = cfg.d;
   const DType dt = cfg.dtype;
   const Packed qp = pack(in.qp, dt, cfg.layout), kp = pack(in.kp, dt, cfg.layout);
@@ -56,7 +57,8 @@ CudaGrads run_cuda_backward(const Config& cfg, const Inputs& in, const Outputs& 
   const DeviceBuffer g_cu(cfg.cu_seqlens.data(), cfg.cu_seqlens.size() * sizeof(int32_t));
   const DeviceBuffer g_lse(fwd.lse.data(), fwd.lse.size() * sizeof(float));
   const DeviceBuffer g_lsep(fwd.lse_proxy.data(), fwd.lse_proxy.size() * sizeof(float));
-  DeviceBuffer g_w(sizeof(float));
+  DeviceBuffer g_w(sizeof(float)), g_kl(sizeof(float));
+  EXPECT_EQ(cudaMemset(g_kl.get(), 0xff, sizeof(float)), cudaSuccess);
   if (kl_grad) cudaMemcpy(g_w.get(), kl_grad, sizeof(float), cudaMemcpyHostToDevice);
   BackwardParams params;
   params.problem = cfg.problem();
@@ -79,6 +81,7 @@ CudaGrads run_cuda_backward(const Config& cfg, const Inputs& in, const Outputs& 
   params.lse = static_cast<const float*>(g_lse.get());
   params.lse_proxy = static_cast<const float*>(g_lsep.get());
   params.kl_grad = kl_grad ? static_cast<const float*>(g_w.get()) : nullptr;
+  params.kl = want_kl ? g_kl.get() : nullptr;
   params.dqp = mview(g_dqp, grads[0]);
   params.dkp = mview(g_dkp, grads[1]);
   params.dq = mview(g_dq, grads[2]);
@@ -95,6 +98,7 @@ CudaGrads run_cuda_backward(const Config& cfg, const Inputs& in, const Outputs& 
   const DeviceBuffer* dev[5] = {&g_dqp, &g_dkp, &g_dq, &g_dk, &g_dv};
   const char* names[5] = {"dqp", "dkp", "dq", "dk", "dv"};
   CudaGrads res;
+  cudaMemcpy(&res.kl, g_kl.get(), sizeof(float), cudaMemcpyDeviceToHost);
   Tensor* dst[5] = {&res.g.dqp, &res.g.dkp, &res.g.dq, &res.g.dk, &res.g.dv};
   for (int t = 0; t < 5; ++t) {
     cudaMemcpy(grads[t].bits.data(), dev[t]->get(), dev[t]->bytes(), cudaMemcpyDeviceToHost);
@@ -269,6 +273,39 @@ TEST_F(CudaBackwardKlGrad, NullGivesZeroProxyGradients) {
   expect_match(got.g, want, cfg.dtype, false);
   for (const Tensor* t : {&got.g.dqp, &got.g.dkp})
     EXPECT_EQ(std::count(t->v.begin(), t->v.end(), 0.f), static_cast<long>(t->v.size()));
+}
+
+// The KL value from the backward's teacher (params.kl): the CPU forward's value up to rounding,
+// with or without kl_grad, in both modes and with chunking; the gradients stay bitwise those of
+// the run without it, and the value is bitwise reproducible.
+TEST_F(CudaBackwardKlGrad, WritesTheKlValue) {
+  Config cfg;
+  cfg.d = {.B = 2, .S = 333, .H = 8, .Hk = 2, .Hp = 2, .Hpk = 1, .D = 128, .Dp = 128, .K = 2};
+  cfg.dtype = DType::kBFloat16;
+  cfg.cu_seqlens = {0, 150, 333, 500, 666};
+  const Inputs in = random_inputs(cfg.d, 78, cfg.dtype);
+  const Config ref_cfg = cpu_config(cfg);
+  const std::vector<int32_t> indices = run_select(ref_cfg, in);
+  const float w = 0.75f;
+  for (const bool warmup : {false, true}) {
+    const Outputs fwd = reference_forward(ref_cfg, cfg.dtype, in, warmup, indices);
+    ASSERT_TRUE(std::isfinite(fwd.kl) && fwd.kl > 0.f);
+    for (const float* kl_grad : {&w, static_cast<const float*>(nullptr)}) {
+      for (const int64_t chunk : {int64_t{0}, int64_t{128}}) {
+        if (warmup && chunk) continue;  // warmup has no chunks
+        const CudaGrads plain = run_cuda_backward(cfg, in, fwd, warmup, indices, kl_grad, chunk);
+        const CudaGrads a = run_cuda_backward(cfg, in, fwd, warmup, indices, kl_grad, chunk, true);
+        const CudaGrads b = run_cuda_backward(cfg, in, fwd, warmup, indices, kl_grad, chunk, true);
+        EXPECT_NEAR(a.kl, fwd.kl, 2e-3 * fwd.kl + 1e-5)
+            << "warmup " << warmup << ", kl_grad " << (kl_grad != nullptr) << ", chunk " << chunk;
+        EXPECT_EQ(std::memcmp(&a.kl, &b.kl, sizeof(float)), 0) << a.kl << " vs " << b.kl;
+        for (size_t t = 0; t < plain.bits.size(); ++t)
+          EXPECT_TRUE(plain.bits[t] == a.bits[t]) << "gradient " << t << ", warmup " << warmup;
+        std::printf("[ bwd kl ] warmup %d, kl_grad %d, chunk %ld: %.6f (cpu forward %.6f)\n",
+                    warmup, kl_grad != nullptr, static_cast<long>(chunk), a.kl, fwd.kl);
+      }
+    }
+  }
 }
 
 // Fills a 16-bit buffer with N(0, 1)-like values from a counter hash: the paper-shape inputs

@@ -13,26 +13,26 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def run_package(inputs: dict, shape: Shape, indices, scale=None, proxy_scale=None, kl_weight=1.0,
-                compute_kl=True):
-    """out, kl and the gradients of sum(out * dout) + kl_weight * kl through the public API."""
+                compute_kl=True, kl_out=None):
+    """out, kl and the gradients of sum(out * dout) + kl_weight * kl through the public API
+    (kl_weight None: the loss is sum(out * dout) alone)."""
     leaves = {n: inputs[n].detach().clone().requires_grad_() for n in NAMES}
     args = [leaves[n] for n in NAMES]
+    common = dict(scale=scale, proxy_scale=proxy_scale, cu_seqlens=shape.cu(),
+                  compute_kl=compute_kl, kl_out=kl_out)
     if indices is None:
-        out, kl = flash_msa.flash_msa_warmup_func(
-            *args, scale=scale, proxy_scale=proxy_scale, cu_seqlens=shape.cu(),
-            compute_kl=compute_kl)
+        out, kl = flash_msa.flash_msa_warmup_func(*args, **common)
     else:
-        out, kl = flash_msa.sparse_attention(
-            *args, indices, scale=scale, proxy_scale=proxy_scale, cu_seqlens=shape.cu(),
-            compute_kl=compute_kl)
-    ((out * inputs["dout"]).sum() + kl_weight * kl).backward()
+        out, kl = flash_msa.sparse_attention(*args, indices, **common)
+    loss = (out * inputs["dout"]).sum()
+    (loss if kl_weight is None else loss + kl_weight * kl).backward()
     return out, kl, {n: t.grad for n, t in leaves.items()}
 
 
 def stats(inputs: dict, shape: Shape, indices, scale, proxy_scale):
     """lse and lse_proxy from the raw forward op."""
     _, _, lse, lse_proxy = flash_msa.ops.forward(
-        *(inputs[n] for n in NAMES), indices, scale, proxy_scale, shape.cu(), True)
+        *(inputs[n] for n in NAMES), indices, scale, proxy_scale, shape.cu(), True, None)
     return lse, lse_proxy
 
 
@@ -73,9 +73,10 @@ def test_matches_reference(shape, dtype, mode):
 def test_flash_msa_func_is_select_then_sparse_attention(shape):
     inputs = random_inputs(shape, torch.bfloat16, seed=3)
     args = [inputs[n] for n in NAMES]
-    out, kl = flash_msa.flash_msa_func(*args, shape.K * 128, cu_seqlens=shape.cu())
+    out, kl = flash_msa.flash_msa_func(*args, shape.K * 128, cu_seqlens=shape.cu(),
+                                       compute_kl=True)
     indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K, cu_seqlens=shape.cu())
-    out2, kl2 = flash_msa.sparse_attention(*args, indices, cu_seqlens=shape.cu())
+    out2, kl2 = flash_msa.sparse_attention(*args, indices, cu_seqlens=shape.cu(), compute_kl=True)
     assert torch.equal(out, out2) and torch.equal(kl, kl2)
     assert torch.equal(flash_msa.flash_msa_func(*args, shape.K * 128, cu_seqlens=shape.cu(),
                                                 return_kl=False), out)
@@ -90,7 +91,8 @@ def test_scales():
     for scale, proxy_scale, want in [(0.3, None, (0.3, 0.3)), (0.3, 0.05, (0.3, 0.05)),
                                      (None, 0.05, (shape.D ** -0.5, 0.05)),
                                      (None, None, (shape.D ** -0.5, shape.Dp ** -0.5))]:
-        out, kl = flash_msa.sparse_attention(*args, indices, scale=scale, proxy_scale=proxy_scale)
+        out, kl = flash_msa.sparse_attention(*args, indices, scale=scale, proxy_scale=proxy_scale,
+                                             compute_kl=True)
         r_out, _, _, r_kl = ref.msa(*(inputs[n].double() for n in NAMES),
                                     ref.attended(indices, shape.B, shape.S), *want)
         torch.testing.assert_close(out.double(), r_out, atol=1e-5, rtol=1e-5)
@@ -125,6 +127,51 @@ def test_skipping_the_kl_value_keeps_out_and_every_gradient(mode):
     assert torch.equal(out, out0)
     for n in NAMES:
         assert torch.equal(grads[n], grads0[n]), n
+
+
+@pytest.mark.parametrize("kl_weight", [2.0, None], ids=["kl_in_loss", "out_only"])
+@pytest.mark.parametrize("mode", ["sparse", "warmup"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_the_backward_writes_the_kl_value(dtype, mode, kl_weight):
+    """kl_out receives the KL value from the backward: the forward's value (compute_kl=True) up
+    to rounding, whether or not kl is in the loss; out, kl and every gradient stay those of
+    compute_kl=False, and kl_out's value does not depend on compute_kl."""
+    shape = SHAPES[3]
+    inputs = random_inputs(shape, dtype, seed=10)
+    indices = None
+    if mode == "sparse":
+        indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K, cu_seqlens=shape.cu())
+    stats = torch.float64 if dtype == torch.float64 else torch.float32
+    _, forward_kl, _ = run_package(inputs, shape, indices, kl_weight=2.0)
+    plain = run_package(inputs, shape, indices, kl_weight=kl_weight, compute_kl=False)
+    kl_out = torch.full((), float("nan"), dtype=stats)
+    out, kl, grads = run_package(inputs, shape, indices, kl_weight=kl_weight, compute_kl=False,
+                                 kl_out=kl_out)
+    assert forward_kl.item() > 0 and kl.item() == 0.0
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(kl_out, forward_kl.to(stats), rtol=tol, atol=tol)
+    assert torch.equal(out, plain[0])
+    for n in NAMES:
+        got, want = grads[n], plain[2][n]
+        assert (got is None and want is None) or torch.equal(got, want), n
+    again = torch.full((), float("nan"), dtype=stats)
+    run_package(inputs, shape, indices, kl_weight=kl_weight, compute_kl=True, kl_out=again)
+    assert torch.equal(again, kl_out)
+
+
+def test_kl_out_is_checked():
+    shape = SHAPES[0]
+    inputs = random_inputs(shape, torch.bfloat16, seed=11)
+    args = [inputs[n] for n in NAMES]
+    for bad, match in [(torch.zeros(()), None), (torch.zeros(1), "0-dim torch.float32"),
+                       (torch.zeros((), dtype=torch.float64), "0-dim torch.float32"),
+                       (torch.zeros((), requires_grad=True), "does not require grad"),
+                       (0.0, "got float")]:
+        if match is None:
+            flash_msa.flash_msa_func(*args, 256, kl_out=bad)
+            continue
+        with pytest.raises(ValueError, match=match):
+            flash_msa.flash_msa_func(*args, 256, kl_out=bad)
 
 
 @pytest.mark.parametrize("used", ["kl", "out"])

@@ -21,12 +21,13 @@ def test_opcheck(mode):
         torch.library.opcheck(flash_msa.ops.select, select_args)
         indices = flash_msa.ops.select(*select_args)
     tensors = [inputs[n].requires_grad_() for n in NAMES]
-    fwd_args = (*tensors, indices, SHAPE.D ** -0.5, proxy_scale, cu, True)
+    fwd_args = (*tensors, indices, SHAPE.D ** -0.5, proxy_scale, cu, True, None)
     torch.library.opcheck(flash_msa.ops.forward, fwd_args)
     out, kl, lse, lse_proxy = flash_msa.ops.forward(*fwd_args)
     bwd_args = (inputs["dout"], torch.tensor(0.5), *(t.detach() for t in tensors), out.detach(),
                 lse, lse_proxy, indices, SHAPE.D ** -0.5, proxy_scale, cu)
-    torch.library.opcheck(flash_msa.ops.backward, bwd_args)
+    torch.library.opcheck(flash_msa.ops.backward, (*bwd_args, None))
+    torch.library.opcheck(flash_msa.ops.backward, (*bwd_args, torch.zeros(())))
 
 
 def train_step(model, hidden, cu):
@@ -47,7 +48,9 @@ def test_compiled_module_matches_eager(warmup):
     eager_hidden = hidden.clone().requires_grad_()
     eager_out, eager_kl = train_step(model, eager_hidden, cu)
     eager_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    eager_kl_value = model.kl_value.clone()
     model.zero_grad()
+    model.kl_value.fill_(float("nan"))
 
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
@@ -58,6 +61,9 @@ def test_compiled_module_matches_eager(warmup):
     # the results must agree.
     torch.testing.assert_close(out, eager_out, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(kl, eager_kl, atol=1e-3, rtol=1e-2)
+    # The KL value the backward writes into the module's buffer, compiled as eager.
+    assert eager_kl_value > 0
+    torch.testing.assert_close(model.kl_value, eager_kl_value, atol=1e-3, rtol=1e-2)
     torch.testing.assert_close(compiled_hidden.grad, eager_hidden.grad, atol=2e-2, rtol=5e-2)
     for n, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().max() > 0, n

@@ -38,19 +38,20 @@ def rel_l2(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).norm() / expected.norm().clamp(min=1e-30)).item()
 
 
-def run(inputs: dict, shape: Shape, indices, device, kl_weight, compute_kl=True):
+def run(inputs: dict, shape: Shape, indices, device, kl_weight, compute_kl=True, kl_out=None):
     """out, kl, lse, lse_proxy and the gradients of sum(out * dout) + kl_weight * kl."""
     cu = shape.cu(device)
     leaves = {n: inputs[n].detach().to(device).requires_grad_() for n in NAMES}
     args = [leaves[n] for n in NAMES]
+    common = dict(cu_seqlens=cu, compute_kl=compute_kl, kl_out=kl_out)
     if indices is None:
-        out, kl = flash_msa.flash_msa_warmup_func(*args, cu_seqlens=cu, compute_kl=compute_kl)
+        out, kl = flash_msa.flash_msa_warmup_func(*args, **common)
     else:
         indices = indices.to(device)
-        out, kl = flash_msa.sparse_attention(*args, indices, cu_seqlens=cu, compute_kl=compute_kl)
+        out, kl = flash_msa.sparse_attention(*args, indices, **common)
     ((out * inputs["dout"].to(device)).sum() + kl_weight * kl).backward()
     _, _, lse, lse_proxy = flash_msa.ops.forward(
-        *(t.detach() for t in args), indices, shape.D ** -0.5, shape.Dp ** -0.5, cu, True)
+        *(t.detach() for t in args), indices, shape.D ** -0.5, shape.Dp ** -0.5, cu, True, None)
     return dict(out=out, kl=kl, lse=lse, lse_proxy=lse_proxy,
                 **{f"d{n}": t.grad for n, t in leaves.items()})
 
@@ -103,14 +104,19 @@ def test_gradients_are_bitwise_reproducible():
         assert torch.equal(first[name], second[name]), name
 
 
+def problem(shape: Shape, dtype, seed: int, mode: str):
+    """Random CUDA inputs and, in sparse mode, the proxy's selection on them (None: warmup)."""
+    inputs = random_inputs(shape, dtype, seed=seed, device="cuda")
+    if mode != "sparse":
+        return inputs, None
+    return inputs, flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K,
+                                           cu_seqlens=shape.cu("cuda"))
+
+
 @pytest.mark.parametrize("mode", ["sparse", "warmup"])
 def test_skipping_the_kl_value_keeps_out_and_every_gradient(mode):
     shape = SHAPES[2]
-    inputs = random_inputs(shape, torch.bfloat16, seed=48, device="cuda")
-    indices = None
-    if mode == "sparse":
-        indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K,
-                                          cu_seqlens=shape.cu("cuda"))
+    inputs, indices = problem(shape, torch.bfloat16, 48, mode)
     full = run(inputs, shape, indices, "cuda", shape.N)
     fast = run(inputs, shape, indices, "cuda", shape.N, compute_kl=False)
     assert full["kl"].item() > 0 and fast["kl"].item() == 0.0
@@ -119,9 +125,33 @@ def test_skipping_the_kl_value_keeps_out_and_every_gradient(mode):
             assert torch.equal(full[name], fast[name]), name
 
 
+@pytest.mark.parametrize("mode", ["sparse", "warmup"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_backward_writes_the_kl_value(dtype, mode):
+    """kl_out from the backward's teacher: the forward's value up to rounding (against the CPU
+    too), bitwise reproducible, and out and every gradient as with compute_kl=False."""
+    shape = SHAPES[2]
+    inputs, indices = problem(shape, dtype, 49, mode)
+    full = run(inputs, shape, indices, "cuda", shape.N)
+    fast = run(inputs, shape, indices, "cuda", shape.N, compute_kl=False)
+    values = []
+    for _ in range(2):
+        kl_out = torch.full((), float("nan"), device="cuda")
+        got = run(inputs, shape, indices, "cuda", shape.N, compute_kl=False, kl_out=kl_out)
+        values.append(kl_out)
+        for name in fast:
+            assert torch.equal(got[name], fast[name]), name
+    assert torch.equal(values[0], values[1])
+    assert rel_l2(values[0], full["kl"]) < 1e-4, (values[0].item(), full["kl"].item())
+    cpu_out = torch.full((), float("nan"))
+    run({n: t.cpu() for n, t in inputs.items()}, shape, None if indices is None else indices.cpu(),
+        "cpu", shape.N, compute_kl=False, kl_out=cpu_out)
+    assert rel_l2(values[0], cpu_out) < 1e-3, (values[0].item(), cpu_out.item())
+
+
 def graph_step(leaves: dict, dout: torch.Tensor, shape: Shape, cu):
     out, kl = flash_msa.flash_msa_func(*(leaves[n] for n in NAMES), shape.K * 128,
-                                       cu_seqlens=cu)
+                                       cu_seqlens=cu, compute_kl=True)
     loss = (out * dout).sum() + shape.N * kl
     grads = torch.autograd.grad(loss, [leaves[n] for n in NAMES])
     return [out, kl, *grads]
@@ -163,10 +193,13 @@ def test_training_step_does_not_sync_with_the_host():
     inputs = random_inputs(shape, torch.bfloat16, seed=45, device="cuda")
     leaves = {n: inputs[n].clone().requires_grad_() for n in NAMES}
 
+    kl_value = torch.empty((), device="cuda")
+
     def step():
-        out, kl = flash_msa.flash_msa_func(*(leaves[n] for n in NAMES), shape.K * 128,
-                                           cu_seqlens=cu)
-        ((out * inputs["dout"]).sum() + kl).backward()
+        for compute_kl, kl_out in ((True, None), (False, kl_value)):
+            out, kl = flash_msa.flash_msa_func(*(leaves[n] for n in NAMES), shape.K * 128,
+                                               cu_seqlens=cu, compute_kl=compute_kl, kl_out=kl_out)
+            ((out * inputs["dout"]).sum() + kl).backward()
 
     step()  # first call: lazy initialisation may synchronise
     torch.cuda.synchronize()
@@ -196,7 +229,9 @@ def test_compiled_module_matches_eager(warmup):
     eager_hidden = hidden.clone().requires_grad_()
     eager_out, eager_kl = train_step(model, eager_hidden, cu)
     eager_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    eager_kl_value = model.kl_value.clone()
     model.zero_grad()
+    model.kl_value.fill_(float("nan"))
 
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
@@ -205,6 +240,7 @@ def test_compiled_module_matches_eager(warmup):
 
     assert rel_l2(out, eager_out) < REL_L2
     assert rel_l2(kl, eager_kl) < REL_L2
+    assert rel_l2(model.kl_value, eager_kl_value) < REL_L2 and model.kl_value > 0
     assert rel_l2(compiled_hidden.grad, eager_hidden.grad) < REL_L2
     for n, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().max() > 0, n
@@ -226,4 +262,4 @@ def test_float64_on_cuda_is_refused_clearly():
     with pytest.raises(ValueError, match="float64 runs on the CPU backend only"):
         flash_msa.flash_msa_func(*tensors, 128)
     with pytest.raises(ValueError, match="float64 runs on the CPU backend only"):
-        flash_msa.ops.forward(*tensors, None, 0.125, 0.125, None, True)
+        flash_msa.ops.forward(*tensors, None, 0.125, 0.125, None, True, None)

@@ -173,7 +173,7 @@ def test_cpp_core_errors_surface_as_value_error(inputs):
     with raises("flash_msa: "):
         flash_msa.ops.select(inputs["qp"], inputs["kp"], 0, 1.0, None)
     with raises("flash_msa: scale: expected a finite value > 0"):
-        flash_msa.ops.forward(*(inputs[n] for n in NAMES), None, -1.0, 1.0, None, True)
+        flash_msa.ops.forward(*(inputs[n] for n in NAMES), None, -1.0, 1.0, None, True, None)
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "4x", "1.5", " ", "99999999999999999999"])

@@ -41,7 +41,8 @@ def attend(mode: str, shape: Shape, tensors: dict, indices, **kw):
     """(out, kl) of one public entry point: sparse_attention over fixed indices, flash_msa_func
     (its own selection) or flash_msa_warmup_func."""
     args = [tensors[n] for n in NAMES]
-    common = dict(scale=SCALE, proxy_scale=PROXY_SCALE, cu_seqlens=shape.cu(), **kw)
+    common = dict(scale=SCALE, proxy_scale=PROXY_SCALE, cu_seqlens=shape.cu(),
+                  **{"compute_kl": True, **kw})
     if mode == "sparse":
         return flash_msa.sparse_attention(*args, indices, **common)
     if mode == "sparse_func":
@@ -114,7 +115,7 @@ def test_matches_the_float64_reference(shape, mode):
     out, kl = attend(mode, shape, leaves, indices)
     ((out * inputs["dout"]).sum() + weight * kl).backward()
     _, _, lse, lse_proxy = flash_msa.ops.forward(
-        *(tensors[n] for n in NAMES), indices, SCALE, PROXY_SCALE, shape.cu(), True)
+        *(tensors[n] for n in NAMES), indices, SCALE, PROXY_SCALE, shape.cu(), True, None)
     mask = ref.attended(indices, shape.B, shape.S, shape.cu())
     r_out, r_lse, r_lse_p, r_kl, r_grads = ref.msa_with_grads(
         tensors, mask, SCALE, PROXY_SCALE, inputs["dout"], weight, torch.float64)

@@ -65,9 +65,9 @@ def branch_errors(shape: Shape, seed: int, mode: str, branch: str, wrong=False) 
         args[first] = WrongGradient.apply(args[first])
     attend_args = [args[n] for n in NAMES]
     if indices is None:
-        out, kl = flash_msa.flash_msa_warmup_func(*attend_args, cu_seqlens=cu)
+        out, kl = flash_msa.flash_msa_warmup_func(*attend_args, cu_seqlens=cu, compute_kl=True)
     else:
-        out, kl = flash_msa.sparse_attention(*attend_args, indices, cu_seqlens=cu)
+        out, kl = flash_msa.sparse_attention(*attend_args, indices, cu_seqlens=cu, compute_kl=True)
     grads = torch.autograd.grad(reduce(out, kl), [leaves[n] for n in names])
 
     base = {n: tensors[n].double() for n in NAMES}

@@ -9,11 +9,11 @@ MAIN = ("q_proj", "k_proj", "v_proj", "o_proj")
 PROXY = ("q_proxy_proj", "k_proxy_proj")
 
 
-def make(warmup=False, dtype=torch.float32, seed=50):
+def make(warmup=False, dtype=torch.float32, seed=50, compute_kl=True):
     torch.manual_seed(seed)
     model = flash_msa.MSAAttention(48, num_heads=4, num_kv_heads=2, head_dim=16,
                                    num_proxy_heads=2, num_proxy_kv_heads=1, proxy_head_dim=8,
-                                   top_k=128, warmup=warmup, dtype=dtype)
+                                   top_k=128, warmup=warmup, compute_kl=compute_kl, dtype=dtype)
     hidden = torch.randn(2, 300, 48, dtype=dtype, requires_grad=True)
     return model, hidden
 
@@ -62,6 +62,25 @@ def test_module_matches_functional_reference():
     r_out = model.o_proj.double()(r_out)
     torch.testing.assert_close(out.double(), r_out, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(kl.double(), r_kl, atol=1e-6, rtol=1e-4)
+
+
+def test_the_module_keeps_the_kl_value_of_its_last_backward():
+    """By default the returned kl is 0 in value and the backward writes the value into the
+    kl_value buffer: that of compute_kl=True; the buffer keeps its statistics dtype."""
+    exact, hidden = make(compute_kl=True)
+    model, _ = make(compute_kl=False)
+    model.load_state_dict(exact.state_dict())
+    assert torch.isnan(model.kl_value)
+    _, want = exact(hidden)
+    out, kl = model(hidden)
+    assert kl.item() == 0.0 and torch.isnan(model.kl_value)
+    (out.square().mean() + kl).backward()
+    torch.testing.assert_close(model.kl_value, want.detach(), rtol=1e-5, atol=1e-6)
+    assert "kl_value" not in model.state_dict()
+    model.to(torch.bfloat16)
+    assert model.kl_value.dtype == torch.float32 and model.q_proj.weight.dtype == torch.bfloat16
+    model.double()
+    assert model.kl_value.dtype == torch.float64
 
 
 def test_warmup_switches_to_dense_attention():

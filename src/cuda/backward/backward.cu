@@ -39,11 +39,14 @@ struct Buffers {
   float* dk_part;   // [items, 128, D]
   float* dv_part;   // [items, 128, D]
   float* dkp_part;  // [items, 128, Dp]
+  float* kl_part;   // [chunk edges] (KL value only)
+  float* kl_rows;   // [B, Hp, S] (KL value only)
+  float* no_grad;   // [1] w = 0 for the proxy pass when only the KL value is asked (KL value only)
 };
 
 // The layout function of SparsePlan; `out` (may be null) receives the arrays.
-auto layout(const Problem& pr, Buffers* out = nullptr) {
-  return [&pr, out](int64_t chunk, Carver& c) {
+auto layout(const Problem& pr, bool kl, Buffers* out = nullptr) {
+  return [&pr, kl, out](int64_t chunk, Carver& c) {
     const schedule::Shape shape{pr.batch, pr.seqlen, pr.proxy_heads, pr.top_k};
     const int64_t edges = pr.batch * pr.proxy_heads * chunk * pr.top_k;
     const int64_t items = chunk > 0 ? schedule::max_items(shape, chunk) : 0;
@@ -61,6 +64,9 @@ auto layout(const Problem& pr, Buffers* out = nullptr) {
     b.dk_part = c.take<float>(items * kBlockSize * D);
     b.dv_part = c.take<float>(items * kBlockSize * D);
     b.dkp_part = c.take<float>(items * kBlockSize * Dp);
+    b.kl_part = c.take<float>(kl ? edges : 0);
+    b.kl_rows = c.take<float>(kl ? pr.batch * pr.proxy_heads * S : 0);
+    b.no_grad = c.take<float>(kl ? 1 : 0);
     if (out) *out = b;
   };
 }
@@ -71,7 +77,8 @@ size_t backward_workspace_bytes(const BackwardParams& params, bool warmup,
                                 int64_t max_chunk_tokens) {
   validate(params, warmup);
   if (warmup) return warmup::backward_workspace_bytes(params);
-  return SparsePlan::workspace_bytes(params.problem, max_chunk_tokens, layout(params.problem));
+  return SparsePlan::workspace_bytes(params.problem, max_chunk_tokens,
+                                     layout(params.problem, params.kl != nullptr));
 }
 
 void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream) {
@@ -79,15 +86,18 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
   const Problem& pr = params.problem;
   check_sparse_limits(pr);
   check_views(params);
+  const bool kl = params.kl != nullptr;
   const SparsePlan plan =
-      SparsePlan::for_workspace(pr, workspace.bytes, layout(pr), "backward_workspace_bytes");
+      SparsePlan::for_workspace(pr, workspace.bytes, layout(pr, kl), "backward_workspace_bytes");
   Buffers ws{};
-  plan.carve(workspace.data, layout(pr, &ws));
+  plan.carve(workspace.data, layout(pr, kl, &ws));
   const KernelShape& shape = plan.shape();
   const bool hopper = sparse_kernels(pr) == Kernels::kHopper;
   const schedule::Index index = schedule::build_index(plan.schedule_shape(), params.indices,
                                                       pr.cu_seqlens, pr.num_docs, ws.index, stream);
   const bool proxy = params.kl_grad != nullptr;  // w = 0 otherwise: zero proxy gradients
+  // The proxy pass runs for the gradients or the KL value (then with w = 0, its parts unused).
+  const bool teacher = proxy || kl;
   const int D = shape.head_dim, Dp = shape.proxy_head_dim;
 
   const auto zero = [&](float* acc, int64_t floats) {
@@ -97,6 +107,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
   zero(ws.dk_acc, pr.batch * pr.kv_heads * pr.seqlen * D);
   zero(ws.dv_acc, pr.batch * pr.kv_heads * pr.seqlen * D);
   if (proxy) zero(ws.dkp_acc, pr.batch * pr.proxy_kv_heads * pr.seqlen * Dp);
+  if (kl && !proxy) zero(ws.no_grad, 1);
   const passes::DeltaParams delta{
       .out = params.out,
       .dout = params.dout,
@@ -116,7 +127,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
             .lse = stats32(params.lse),
             .delta = ws.delta,
             .dq_part = ws.dq_part,
-            .teacher = proxy ? ws.teacher : nullptr,
+            .teacher = teacher ? ws.teacher : nullptr,
             .dk_part = ws.dk_part,
             .dv_part = ws.dv_part,
             .shape = shape,
@@ -129,9 +140,18 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
             .items = items,
             .lse_proxy = stats32(params.lse_proxy),
             .teacher = ws.teacher,
-            .kl_grad = stats32(params.kl_grad),
+            .kl_grad = proxy ? stats32(params.kl_grad) : ws.no_grad,
+            .kl_part = kl ? ws.kl_part : nullptr,
             .dqp_part = ws.dqp_part,
             .dkp_part = ws.dkp_part,
+            .shape = shape,
+            .chunk = chunk,
+        };
+        const passes::MergeParams kl_rows{
+            .kl_part = ws.kl_part,
+            .kl_rows = ws.kl_rows,
+            .indices = params.indices,
+            .doc_start = index.doc_start,
             .shape = shape,
             .chunk = chunk,
         };
@@ -169,7 +189,8 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
                 sm90::launch_sparse_backward<T>(bp, stream);
               else
                 portable::launch_sparse_backward<T, kD, false>(bp, stream);
-              if (proxy) portable::launch_proxy<T, kDp, portable::ProxyMode::kGrad>(pp, stream);
+              if (teacher) portable::launch_proxy<T, kDp, portable::ProxyMode::kGrad>(pp, stream);
+              if (kl) passes::launch_kl_rows(kl_rows, stream);
               passes::launch_rows_reduce<T, T>(
                   rows(ws.dq_part, params.dq, pr.scale, shape.group, D), stream);
               passes::launch_rows_reduce<T, float>(
@@ -180,6 +201,9 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
         if (proxy)
           passes::launch_keys_reduce(keys(ws.dkp_part, ws.dkp_acc, Dp, pr.proxy_kv_heads), stream);
       });
+  if (kl)
+    passes::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen, stats32(params.kl),
+                             stream);
   const auto store = [&](const float* acc, const MutView& dst, float scale, int64_t heads,
                          int width) {
     return passes::KeysStoreParams{

@@ -28,16 +28,18 @@ struct BackwardBuffers {
   float* dk_part;   // [B, Hp, S, D]
   float* dv_part;   // [B, Hp, S, D]
   float* dkp_part;  // [B, Hp, S, Dp]
+  float* kl_rows;   // [B, Hp, S] (KL value only)
 };
 
-auto backward_layout(const Problem& pr, BackwardBuffers* out = nullptr) {
-  return [&pr, out](Carver& c) {
+auto backward_layout(const Problem& pr, bool kl, BackwardBuffers* out = nullptr) {
+  return [&pr, kl, out](Carver& c) {
     const int64_t rows = pr.batch * pr.proxy_heads * pr.seqlen;
     BackwardBuffers b{};
     b.delta = c.take<float>(pr.batch * pr.heads * pr.seqlen);
     b.dk_part = c.take<float>(rows * pr.head_dim);
     b.dv_part = c.take<float>(rows * pr.head_dim);
     b.dkp_part = c.take<float>(rows * pr.proxy_head_dim);
+    b.kl_rows = c.take<float>(kl ? rows : 0);
     if (out) *out = b;
   };
 }
@@ -51,7 +53,7 @@ size_t forward_workspace_bytes(const ForwardParams& params) {
 }
 
 size_t backward_workspace_bytes(const BackwardParams& params) {
-  return layout_bytes(backward_layout(params.problem));
+  return layout_bytes(backward_layout(params.problem, params.kl != nullptr));
 }
 
 }  // namespace warmup
@@ -91,7 +93,8 @@ void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStre
   check_attention_limits(pr, portable::kMaxGroup);
   check_views(params);
   BackwardBuffers ws{};
-  carve_workspace(workspace, backward_layout(pr, &ws), "backward_workspace_bytes");
+  carve_workspace(workspace, backward_layout(pr, params.kl != nullptr, &ws),
+                  "backward_workspace_bytes");
   const portable::BackwardKernelParams kp{
       .q = params.q,
       .k = params.k,
@@ -113,11 +116,15 @@ void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStre
       .dk_part = ws.dk_part,
       .dv_part = ws.dv_part,
       .dkp_part = ws.dkp_part,
+      .kl_rows = params.kl ? ws.kl_rows : nullptr,
       .shape = kernel_shape(pr),
   };
   dispatch_attention(pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
     portable::launch_backward<T, kD, kDp>(kp, stream);
   });
+  if (params.kl)
+    passes::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen, stats32(params.kl),
+                             stream);
 }
 
 }  // namespace flash_msa::cuda

@@ -7,7 +7,7 @@
 //   kKl:   sum over the block of t (log t - log pp), pp = exp(Sp - lse_proxy), per edge;
 //   kGrad: g = w (pp - t) / (B Hp S) in the dtype in shared memory, dQp_n = g Kp per edge
 //          (16 rows x Dp/2 per warp) and dKp += g^T Qp in registers (32 keys x Dp/2), stored
-//          per item.
+//          per item; where kl_part is given, also the kKl terms (the backward's KL value).
 // t is the teacher per edge from the main backward kernel; it comes into shared memory with the
 // tile's Qp (and lse_proxy), the tokens and edges of the item from schedule::ItemRows, so that
 // no global load waits inside a tile. Row quantities are combined across the two warps of a row
@@ -75,6 +75,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
                 (ph / p.shape.proxy_group) * p.kp.stride_h;
   const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
   const float coef = kGrad ? __ldg(p.kl_grad) * p.shape.inv_rows : 0.f;
+  // kGrad with kl_part: the KL value's per-edge terms too, from the same teacher and scores.
+  const bool kl_value = kMode == ProxyMode::kKl || (kGrad && p.kl_part != nullptr);
 
   copy_rows_async<kKeys, kDp, kThreads>(
       s_kp,
@@ -203,32 +205,29 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float x = s[0][nt][2 * h + e];
-            if constexpr (kMode == ProxyMode::kKl) {
-              if (tv[e] > 0.f && x != -INFINITY)
-                term += tv[e] * (__logf(tv[e]) - (x - lse2[h]) * kLn2);
-            } else {
+            if (kl_value && tv[e] > 0.f && x != -INFINITY)
+              term += tv[e] * (__logf(tv[e]) - (x - lse2[h]) * kLn2);
+            if constexpr (kGrad)
               g[e] = x == -INFINITY ? 0.f : coef * (fast_exp2(x - lse2[h]) - tv[e]);
-            }
           }
           if constexpr (kGrad) {
             *reinterpret_cast<uint32_t*>(s_g + tile_offset<kKeys>(r, col & ~7) + (col & 7)) =
                 Elem<T>::pack(g[0], g[1]);
           }
         }
-        if constexpr (kMode == ProxyMode::kKl) {
+        if (kl_value) {
           term = quad_sum(term);
           if (lane % 4 == 0) exchange[1][wn][r] = term;
         }
       }
       __syncthreads();
-      if constexpr (kMode == ProxyMode::kKl) {
-        if (wn == 0 && lane % 4 == 0)
+      if (kl_value && wn == 0 && lane % 4 == 0)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = 16 * wm + 8 * h + lane / 4;
-            if (r < live_rows) p.kl_part[edge[h]] = exchange[1][0][r] + exchange[1][1][r];
-          }
-      } else {
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * wm + 8 * h + lane / 4;
+          if (r < live_rows) p.kl_part[edge[h]] = exchange[1][0][r] + exchange[1][1][r];
+        }
+      if constexpr (kGrad) {
         gemm<T, GemmLayout::kTN, 2, kHalfDp / 8, kRows, kKeys, kDp>(dkp, s_g, 32 * wm, s_qp,
                                                                     kHalfDp * wn, lane);
         float dq[1][kHalfDp / 8][4];

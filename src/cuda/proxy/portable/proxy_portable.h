@@ -28,7 +28,7 @@ struct ProxyParams {
                            // kernel (kKl, kGrad)
   const float* kl_grad;    // [1] upstream gradient w of kl (kGrad; the launch is skipped if null)
   float* lse_p_part;       // [chunk edges] log2 domain (kLse)
-  float* kl_part;          // [chunk edges] (kKl)
+  float* kl_part;          // [chunk edges] (kKl; kGrad where the backward computes the value)
   float* dqp_part;         // [chunk edges, Dp] g Kp, unscaled, fragment order (kGrad)
   float* dkp_part;         // [items, 128, Dp] g^T Qp, unscaled (kGrad)
   KernelShape shape;

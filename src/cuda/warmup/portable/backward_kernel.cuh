@@ -33,6 +33,7 @@
 
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/tile_sm80.cuh"
+#include "cuda/common/warp_reduce.cuh"
 #include "cuda/host/check.h"
 #include "cuda/warmup/portable/warmup_portable.h"
 
@@ -46,6 +47,7 @@ inline constexpr int kKvWarps = kBlockKeys / 16;  // key-outer: one warp per 16 
 inline constexpr int kKvThreads = kKvWarps * 32;
 inline constexpr int kGroupTokens = 16;  // key-outer: member tokens per MMA step
 inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
 
 // A operand (row-major 16 x 16, rows row0.., k-step ks) from a swizzled [rows, C] tile.
 template <int kRowChunks, class T>
@@ -221,6 +223,7 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   float dq[kD / 8][4] = {};
   // Only row 0 of the padded proxy product is real: keep its two columns per n-tile (lanes 0..3).
   float dqp[kDp / 8][2] = {};
+  float kl = 0.f;  // the row's KL term t (ln t - ln pp), summed over this lane's keys (kl_rows)
 
   const T* kbase = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kvh * p.k.stride_h;
   const T* vbase = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kvh * p.v.stride_h;
@@ -309,7 +312,9 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + nt * 8 + 2 * (lane % 4) + (e % 2);
           const bool vis = lane < 4 && e < 2 && key <= i && key >= ds;
-          sp[nt][e] = vis ? exp2f(sp[nt][e] * psl2 - lsep2) - t[nt][e % 2] : 0.f;
+          const float log2_pp = sp[nt][e] * psl2 - lsep2, tv = t[nt][e % 2];
+          if (p.kl_rows && vis && tv > 0.f) kl += tv * (__logf(tv) - log2_pp * kLn2);
+          sp[nt][e] = vis ? exp2f(log2_pp) - tv : 0.f;
         }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
@@ -331,6 +336,10 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
     }
   }
   cp_async_wait<0>();  // Q/dO were never waited on when the walk was empty
+  if (p.kl_rows) {  // warp-uniform
+    kl = quad_sum(kl);
+    if (lane == 0) p.kl_rows[(int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen + i] = kl;
+  }
 
   T* dqb = static_cast<T*>(p.dq.data) + b * p.dq.stride_b + h0 * p.dq.stride_h + i * p.dq.stride_s;
 #pragma unroll

@@ -52,6 +52,7 @@ struct BackwardKernelParams {
   float* dk_part;             // workspace [B, Hp, S, D]: dk of the heads of one proxy group
   float* dv_part;             // workspace [B, Hp, S, D]
   float* dkp_part;            // workspace [B, Hp, S, Dp]: dkp from one proxy head
+  float* kl_rows;             // workspace [B, Hp, S]: KL term per (query, proxy head); null: none
   KernelShape shape;
 };
 
