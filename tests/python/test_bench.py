@@ -1,0 +1,45 @@
+"""bench/msa_bench.py stays in step with the ops: one small configuration of each kind runs on
+the GPU (skipped without one), through the same code as a benchmark run."""
+
+import sys
+import time
+
+import pytest
+import torch
+
+import flash_msa
+from conftest import REPO
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and flash_msa.built_with_cuda()),
+    reason="needs a CUDA device and flash_msa built with CUDA",
+)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import msa_bench
+        yield msa_bench
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+@pytest.mark.parametrize("docs, warmup, selection", [(None, False, "proxy"),
+                                                     (None, False, "trained"),
+                                                     ([300, 1000, 748], False, "proxy"),
+                                                     (None, True, "proxy")],
+                         ids=["proxy", "trained", "documents", "warmup"])
+def test_one_small_configuration(bench, docs, warmup, selection):
+    results = []
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    bench.measure_config("small", 1, 2048, docs, warmup, selection, gen, results,
+                         time.monotonic() + 60)
+    cfg = results[0]
+    for stage in ("forward", "forward_with_kl_value", "backward", "backward_with_kl_value",
+                  "step", "step_with_kl_value"):
+        assert cfg[stage]["ms"] > 0, stage
+    assert "error" not in cfg
+    if selection == "trained":
+        assert cfg["selection_fit"]["drawn"]["rows"] > 0
