@@ -216,8 +216,8 @@ def train(name, model, args, eval_batches, log):
     start = time.monotonic()
     for step in range(args.steps):
         warmup = msa and step < args.warmup_steps
-        for layer in model.msa_layers():
-            layer.warmup = warmup
+        if msa and step in (0, args.warmup_steps):  # warmup first, then sparse
+            flash_msa.set_warmup(model, warmup)
         if step < args.short_steps:  # the length curriculum: as many tokens, shorter sequences
             shape = (args.batch * args.seqlen // args.short_seqlen, args.short_seqlen)
             active = max(1, args.keys * args.short_seqlen // args.seqlen)

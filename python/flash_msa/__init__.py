@@ -15,7 +15,7 @@ from .interface import (
     select_blocks,
     sparse_attention,
 )
-from .modules import MSAAttention, apply_rope
+from .modules import MSAAttention, apply_rope, set_warmup
 
 built_with_cuda = _C.built_with_cuda
 
@@ -31,5 +31,6 @@ __all__ = [
     "ops",
     "select_blocks",
     "selection_stats",
+    "set_warmup",
     "sparse_attention",
 ]

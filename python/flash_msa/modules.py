@@ -42,8 +42,8 @@ class MSAAttention(nn.Module):
     head_dim each), RoPE, MSA attention, output projection. Proxy branch: q/k index projections
     (num_proxy_heads heads sharing num_proxy_kv_heads key heads, proxy_head_dim each) with RoPE,
     fed from ``hidden.detach()`` so the KL trains only the index projections (the paper's
-    gradient detach). Add ``kl_loss`` (times a weight) to the training loss; set ``warmup``
-    to True for the dense warmup phase. ``top_k`` counts tokens (a multiple of 128); it and
+    gradient detach). Add ``kl_loss`` (times a weight) to the training loss; ``warmup=True``
+    (or :func:`set_warmup` on a whole model) runs the dense warmup phase. ``top_k`` counts tokens (a multiple of 128); it and
     every argument after it are keyword-only.
 
     The KL value: every backward writes it into the buffer ``kl_value`` (0-dim fp32, float64
@@ -148,3 +148,20 @@ class MSAAttention(nn.Module):
             compute_kl=self.compute_kl, kl_out=self.kl_value,
         )
         return self.o_proj(out), kl
+
+
+def set_warmup(module: nn.Module, enabled: bool) -> int:
+    """Switches every MSAAttention in ``module`` (itself included) to the dense warmup phase
+    (``enabled=True``) or to sparse attention (False); returns how many layers it set.
+
+    Under ``torch.compile`` each phase compiles once: the phase is a Python attribute that the
+    compiled graph is guarded on, so the first step after a switch compiles the other phase's
+    graph and later switches reuse both (tests/python/test_compile.py)."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"flash_msa: set_warmup: enabled: expected a bool, got {enabled!r}")
+    layers = [m for m in module.modules() if isinstance(m, MSAAttention)]
+    if not layers:
+        raise ValueError(f"flash_msa: set_warmup: no MSAAttention in {type(module).__name__}")
+    for layer in layers:
+        layer.warmup = enabled
+    return len(layers)

@@ -68,3 +68,43 @@ def test_compiled_module_matches_eager(warmup):
     for n, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().max() > 0, n
         torch.testing.assert_close(p.grad, eager_grads[n], atol=2e-2, rtol=5e-2, msg=n)
+
+
+def test_switching_phases_compiles_each_phase_once():
+    """set_warmup on a compiled model: the first step of each phase compiles its graph, later
+    switches reuse them; the compiled steps match eager in both phases."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.manual_seed(32)
+    layers = torch.nn.ModuleList(
+        flash_msa.MSAAttention(64, SHAPE.H, SHAPE.Hk, SHAPE.D, SHAPE.Hp, SHAPE.Hpk, SHAPE.Dp,
+                               top_k=SHAPE.K * 128, dtype=torch.bfloat16) for _ in range(2))
+
+    def step(hidden):
+        kl_sum = 0
+        for layer in layers:
+            hidden, kl = layer(hidden)
+            kl_sum = kl_sum + kl
+        return hidden, kl_sum
+
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    hidden = torch.randn(SHAPE.B, SHAPE.S, 64, dtype=torch.bfloat16)
+    wrapper = torch.nn.Sequential(*layers)
+    for warmup in (True, False, True, False):
+        assert flash_msa.set_warmup(wrapper, warmup) == 2
+        out, kl = compiled(hidden)
+        (out.float().square().mean() + kl).backward()
+        eager, _ = step(hidden)
+        torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
+    assert counter.frame_count == 2
+
+
+def test_set_warmup_checks_its_arguments():
+    with pytest.raises(ValueError, match="no MSAAttention"):
+        flash_msa.set_warmup(torch.nn.Linear(2, 2), True)
+    layer = flash_msa.MSAAttention(64, 2, 1, 16, top_k=128)
+    with pytest.raises(ValueError, match="expected a bool"):
+        flash_msa.set_warmup(layer, 1)
+    assert flash_msa.set_warmup(layer, True) == 1 and layer.warmup
