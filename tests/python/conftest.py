@@ -1,8 +1,10 @@
 """Shared helpers of the flash_msa pytest suite: random problems and the SPEC section 6 rule."""
 
 import hashlib
+import importlib
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass, replace
@@ -57,6 +59,15 @@ def _golden_dir() -> tuple:
 
 
 GOLDEN_DIR, GOLDEN_SOURCE = _golden_dir()
+
+
+def import_bench(name: str):
+    """A module of bench/ (its scripts import each other by name), for the tests that guard
+    them."""
+    path = str(REPO / "bench")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
 NAMES = ("qp", "kp", "q", "k", "v")
 
 

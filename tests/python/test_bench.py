@@ -1,14 +1,13 @@
 """bench/msa_bench.py stays in step with the ops: one small configuration of each kind runs on
 the GPU (skipped without one), through the same code as a benchmark run."""
 
-import sys
 import time
 
 import pytest
 import torch
 
 import flash_msa
-from conftest import REPO
+from conftest import import_bench
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and flash_msa.built_with_cuda()),
@@ -18,12 +17,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import msa_bench
-        yield msa_bench
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    return import_bench("msa_bench")
 
 
 # 4096 tokens: 32 blocks, more than K = 16, so that rows choose (the trained generator fits

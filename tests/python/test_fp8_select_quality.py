@@ -1,23 +1,16 @@
 """bench/fp8_select_quality.py: its bf16 reference selects what flash_msa.select_blocks selects,
 and the FP8 comparison reports full agreement exactly when the scores agree."""
 
-import sys
-
 import pytest
 import torch
 
 import flash_msa
-from conftest import REPO
+from conftest import import_bench
 
 
 @pytest.fixture(scope="module")
 def study():
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import fp8_select_quality
-        yield fp8_select_quality
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    return import_bench("fp8_select_quality")
 
 
 @pytest.mark.parametrize("kind", ["random", "outliers", "clustered"])
