@@ -41,7 +41,6 @@ struct Buffers {
   float* dkp_part;  // [items, 128, Dp]
   float* kl_part;   // [chunk edges] (KL value only)
   float* kl_rows;   // [B, Hp, S] (KL value only)
-  float* no_grad;   // [1] w = 0 for the proxy pass when only the KL value is asked (KL value only)
 };
 
 // The layout function of SparsePlan; `out` (may be null) receives the arrays.
@@ -66,7 +65,6 @@ auto layout(const Problem& pr, bool kl, Buffers* out = nullptr) {
     b.dkp_part = c.take<float>(items * kBlockSize * Dp);
     b.kl_part = c.take<float>(kl ? edges : 0);
     b.kl_rows = c.take<float>(kl ? pr.batch * pr.proxy_heads * S : 0);
-    b.no_grad = c.take<float>(kl ? 1 : 0);
     if (out) *out = b;
   };
 }
@@ -107,7 +105,6 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
   zero(ws.dk_acc, pr.batch * pr.kv_heads * pr.seqlen * D);
   zero(ws.dv_acc, pr.batch * pr.kv_heads * pr.seqlen * D);
   if (proxy) zero(ws.dkp_acc, pr.batch * pr.proxy_kv_heads * pr.seqlen * Dp);
-  if (kl && !proxy) zero(ws.no_grad, 1);
   const passes::DeltaParams delta{
       .out = params.out,
       .dout = params.dout,
@@ -140,7 +137,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
             .items = items,
             .lse_proxy = stats32(params.lse_proxy),
             .teacher = ws.teacher,
-            .kl_grad = proxy ? stats32(params.kl_grad) : ws.no_grad,
+            .kl_grad = stats32(params.kl_grad),
             .kl_part = kl ? ws.kl_part : nullptr,
             .dqp_part = ws.dqp_part,
             .dkp_part = ws.dkp_part,

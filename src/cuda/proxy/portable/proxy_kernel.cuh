@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
   const T* kp = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b +
                 (ph / p.shape.proxy_group) * p.kp.stride_h;
   const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h;
-  const float coef = kGrad ? __ldg(p.kl_grad) * p.shape.inv_rows : 0.f;
+  const float coef = kGrad && p.kl_grad ? __ldg(p.kl_grad) * p.shape.inv_rows : 0.f;
   // kGrad with kl_part: the KL value's per-edge terms too, from the same teacher and scores.
   const bool kl_value = kMode == ProxyMode::kKl || (kGrad && p.kl_part != nullptr);
 

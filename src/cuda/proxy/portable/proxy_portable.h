@@ -26,7 +26,7 @@ struct ProxyParams {
   const float* lse_proxy;  // [B, Hp, S] natural log (kKl, kGrad)
   const float* teacher;    // [chunk edges, 128] from the teacher pass or the main backward
                            // kernel (kKl, kGrad)
-  const float* kl_grad;    // [1] upstream gradient w of kl (kGrad; the launch is skipped if null)
+  const float* kl_grad;    // [1] upstream gradient w of kl (kGrad); null: w = 0
   float* lse_p_part;       // [chunk edges] log2 domain (kLse)
   float* kl_part;          // [chunk edges] (kKl; kGrad where the backward computes the value)
   float* dqp_part;         // [chunk edges, Dp] g Kp, unscaled, fragment order (kGrad)
