@@ -5,6 +5,8 @@
 // + KL alignment loss -> backward over the cached selection; warmup runs both branches densely.
 //
 // Every tensor argument is a 4-D view [batch, head, token, channel] whose channel stride is 1;
+// query-side tensors have Problem::queries() tokens (S unless a query shard is given), key-side
+// tensors seqlen (S);
 // the other three strides are free (so [B,S,H,D] token-major buffers work without copies).
 // Outputs are overwritten, never accumulated into. Invalid arguments throw flash_msa::Error with
 // a message that names the argument and says what was expected and what was got.
@@ -69,56 +71,69 @@ struct Problem {
   // Lives on the device the operation runs on.
   const int32_t* cu_seqlens = nullptr;
   int64_t num_docs = 0;
+  // A shard of the queries (context parallelism, docs/distributed.md): the query-side tensors
+  // (qp, q, out, dout, dqp, dq, lse, lse_proxy, indices) hold query_len tokens per batch row,
+  // query i at position query_offset + i of the seqlen-token sequence that the key-side tensors
+  // (kp, k, v, dkp, dk, dv) and cu_seqlens describe. Nothing is copied: the views point at the
+  // shard. query_len 0 (the default): every position is a query, query_offset must be 0.
+  // The KL value and its gradient keep the mean over all B * Hp * seqlen rows, so the values of
+  // the shards of a sequence add up to its KL loss.
+  int64_t query_offset = 0;
+  int64_t query_len = 0;
+
+  int64_t queries() const { return query_len > 0 ? query_len : seqlen; }  // Sq
 };
 
 // Proxy scores -> max-pool per block -> top-K blocks (own block forced), SPEC section 1.
 struct SelectParams {
   Problem problem;
-  ConstView qp;      // [B, Hp, S, Dp]
+  ConstView qp;      // [B, Hp, Sq, Dp]
   ConstView kp;      // [B, Hpk, S, Dp]
-  int32_t* indices;  // [B, Hp, S, K] contiguous; ascending valid blocks, then -1
+  int32_t* indices;  // [B, Hp, Sq, K] contiguous; ascending valid blocks, then -1
 };
 
 // Main attention over the selected blocks (sparse) or all visible keys (warmup), plus the
 // proxy log-sum-exp over the same set and, when asked, the KL value. SPEC sections 2, 3, 5.
 struct ForwardParams {
   Problem problem;
-  const int32_t* indices = nullptr;  // [B, Hp, S, K] contiguous from select; null in warmup
-  ConstView qp;                      // [B, Hp, S, Dp]
+  const int32_t* indices = nullptr;  // [B, Hp, Sq, K] contiguous from select; null in warmup
+  ConstView qp;                      // [B, Hp, Sq, Dp]
   ConstView kp;                      // [B, Hpk, S, Dp]
-  ConstView q;                       // [B, H, S, D]
+  ConstView q;                       // [B, H, Sq, D]
   ConstView k;                       // [B, Hk, S, D]
   ConstView v;                       // [B, Hk, S, D]
-  MutView out;                       // [B, H, S, D]
+  MutView out;                       // [B, H, Sq, D]
   // Statistics, in the stats dtype (stats_dtype: float32, float64 for a float64 problem).
-  void* lse = nullptr;        // [B, H, S] contiguous, natural log of scaled scores
-  void* lse_proxy = nullptr;  // [B, Hp, S] contiguous, proxy log-sum-exp over T(p, i)
+  void* lse = nullptr;        // [B, H, Sq] contiguous, natural log of scaled scores
+  void* lse_proxy = nullptr;  // [B, Hp, Sq] contiguous, proxy log-sum-exp over T(p, i)
   void* kl = nullptr;         // [1], the KL loss value; null: not computed
 };
 
 // Backward over the cached selection: main gradients from dout, proxy gradients from the
 // KL weight w (read where it lives, never synchronised to the host). SPEC sections 4, 5.
-// Every backend is deterministic: gradients are bitwise reproducible run to run.
+// Every backend is deterministic: gradients are bitwise reproducible run to run. With a query
+// shard, dkp, dk and dv hold the shard's queries' part of the key gradients (the sum over the
+// shards of a sequence is its gradient).
 struct BackwardParams {
   Problem problem;
-  const int32_t* indices = nullptr;  // [B, Hp, S, K] contiguous; null in warmup
-  ConstView qp;                      // [B, Hp, S, Dp]
+  const int32_t* indices = nullptr;  // [B, Hp, Sq, K] contiguous; null in warmup
+  ConstView qp;                      // [B, Hp, Sq, Dp]
   ConstView kp;                      // [B, Hpk, S, Dp]
-  ConstView q;                       // [B, H, S, D]
+  ConstView q;                       // [B, H, Sq, D]
   ConstView k;                       // [B, Hk, S, D]
   ConstView v;                       // [B, Hk, S, D]
-  ConstView out;                     // [B, H, S, D] forward output
-  ConstView dout;                    // [B, H, S, D] upstream gradient of out
+  ConstView out;                     // [B, H, Sq, D] forward output
+  ConstView dout;                    // [B, H, Sq, D] upstream gradient of out
   // Statistics, in the stats dtype (stats_dtype: float32, float64 for a float64 problem).
-  const void* lse = nullptr;        // [B, H, S] contiguous, from the forward
-  const void* lse_proxy = nullptr;  // [B, Hp, S] contiguous, from the forward
+  const void* lse = nullptr;        // [B, H, Sq] contiguous, from the forward
+  const void* lse_proxy = nullptr;  // [B, Hp, Sq] contiguous, from the forward
   const void* kl_grad = nullptr;    // [1] upstream gradient w of kl; null: w = 0
   // [1] out: the KL loss value from the teacher the backward recomputes (the forward's value up
   // to rounding; the forward can then skip its teacher pass); null: not computed.
   void* kl = nullptr;
-  MutView dqp;                      // [B, Hp, S, Dp]
+  MutView dqp;                      // [B, Hp, Sq, Dp]
   MutView dkp;                      // [B, Hpk, S, Dp]
-  MutView dq;                       // [B, H, S, D]
+  MutView dq;                       // [B, H, Sq, D]
   MutView dk;                       // [B, Hk, S, D]
   MutView dv;                       // [B, Hk, S, D]
 };

@@ -28,14 +28,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The ops run without the GIL: CPU work runs in parallel with other Python threads.
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("select", &ext::select, no_gil, py::arg("qp"), py::arg("kp"), py::arg("top_k_blocks"),
-        py::arg("proxy_scale"), py::arg("cu_seqlens"));
+        py::arg("proxy_scale"), py::arg("cu_seqlens"), py::arg("query_offset"));
   m.def("forward", &ext::forward, no_gil, py::arg("qp"), py::arg("kp"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("indices"), py::arg("scale"), py::arg("proxy_scale"),
-        py::arg("cu_seqlens"), py::arg("compute_kl"));
+        py::arg("cu_seqlens"), py::arg("compute_kl"), py::arg("query_offset"));
   m.def("backward", &ext::backward, no_gil, py::arg("dout"), py::arg("kl_grad"), py::arg("qp"),
         py::arg("kp"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"),
         py::arg("lse_proxy"), py::arg("indices"), py::arg("scale"), py::arg("proxy_scale"),
-        py::arg("cu_seqlens"), py::arg("kl_out"));
+        py::arg("cu_seqlens"), py::arg("kl_out"), py::arg("query_offset"));
   m.def("built_with_cuda", &ext::built_with_cuda);
   m.def("cuda_device_available", &cuda_device_available,
         "True when built with CUDA and a device of compute capability >= 8.0 is visible");

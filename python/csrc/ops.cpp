@@ -132,10 +132,18 @@ at::Tensor set_documents(Problem& problem, const std::optional<at::Tensor>& cu_s
 }
 
 // The problem of a full operation; `top_k_blocks` is the number of selected blocks (0 in warmup).
+// The queries (q, qp) are the Sq tokens from `query_offset` of the S tokens of the keys (k, kp).
 Problem make_problem(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q,
-                     const at::Tensor& k, int64_t top_k_blocks, double scale, double proxy_scale) {
+                     const at::Tensor& k, int64_t top_k_blocks, double scale, double proxy_scale,
+                     int64_t query_offset) {
+  check_value(q.size(0) == k.size(0) && kp.size(0) == q.size(0) && qp.size(0) == q.size(0) &&
+                  kp.size(2) == k.size(2) && qp.size(2) == q.size(2),
+              "flash_msa: expected one batch for every tensor, q_proxy's tokens equal to q's and "
+              "k_proxy's to k's; got q_proxy " + shape_str(qp.sizes()) + ", k_proxy " +
+                  shape_str(kp.sizes()) + ", q " + shape_str(q.sizes()) + ", k " +
+                  shape_str(k.sizes()));
   return {.batch = q.size(0),
-          .seqlen = q.size(2),
+          .seqlen = k.size(2),
           .heads = q.size(1),
           .kv_heads = k.size(1),
           .proxy_heads = qp.size(1),
@@ -145,7 +153,9 @@ Problem make_problem(const at::Tensor& qp, const at::Tensor& kp, const at::Tenso
           .top_k = top_k_blocks,
           .scale = static_cast<float>(scale),
           .proxy_scale = static_cast<float>(proxy_scale),
-          .dtype = dtype_of(q, "q")};
+          .dtype = dtype_of(q, "q"),
+          .query_offset = query_offset,
+          .query_len = q.size(2)};
 }
 
 void check_like(const at::Tensor& t, const at::Tensor& ref, const char* name) {
@@ -192,13 +202,15 @@ cuda::Workspace workspace(size_t bytes, const at::Tensor& like, at::Tensor& hold
 }  // namespace
 
 at::Tensor select(const at::Tensor& qp_in, const at::Tensor& kp_in, int64_t top_k_blocks,
-                  double proxy_scale, const std::optional<at::Tensor>& cu_seqlens) {
+                  double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
+                  int64_t query_offset) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy");
   const at::Tensor kp = kernel_layout(kp_in, "k_proxy");
   check_like(kp, qp, "k_proxy");
   // Selection reads only the proxy branch: the main-head fields mirror the proxy ones so that
   // the shared validation sees a consistent problem.
-  Problem problem = make_problem(qp, kp, qp, kp, top_k_blocks, proxy_scale, proxy_scale);
+  Problem problem =
+      make_problem(qp, kp, qp, kp, top_k_blocks, proxy_scale, proxy_scale, query_offset);
   const at::Tensor cu = set_documents(problem, cu_seqlens, qp);
   at::Tensor indices = at::empty({qp.size(0), qp.size(1), qp.size(2), top_k_blocks},
                                  qp.options().dtype(at::kInt));
@@ -223,7 +235,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& qp_in, const at::Tensor& kp_in, const at::Tensor& q_in,
     const at::Tensor& k_in, const at::Tensor& v_in, const std::optional<at::Tensor>& indices_in,
     double scale, double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
-    bool compute_kl) {
+    bool compute_kl, int64_t query_offset) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy"), kp = kernel_layout(kp_in, "k_proxy");
   const at::Tensor q = kernel_layout(q_in, "q"), k = kernel_layout(k_in, "k"),
                    v = kernel_layout(v_in, "v");
@@ -233,7 +245,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   check_like(v, q, "v");
   const bool warmup = !indices_in.has_value();
   const at::Tensor indices = warmup ? at::Tensor() : checked_indices(*indices_in, qp);
-  Problem problem = make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale);
+  Problem problem = make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale,
+                                 query_offset);
   const at::Tensor cu = set_documents(problem, cu_seqlens, q);
 
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
@@ -273,7 +286,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& kp_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& lse_proxy_in,
     const std::optional<at::Tensor>& indices_in, double scale, double proxy_scale,
-    const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& kl_out) {
+    const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& kl_out,
+    int64_t query_offset) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy"), kp = kernel_layout(kp_in, "k_proxy");
   const at::Tensor q = kernel_layout(q_in, "q"), k = kernel_layout(k_in, "k"),
                    v = kernel_layout(v_in, "v");
@@ -305,7 +319,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   }
   const bool warmup = !indices_in.has_value();
   const at::Tensor indices = warmup ? at::Tensor() : checked_indices(*indices_in, qp);
-  Problem problem = make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale);
+  Problem problem = make_problem(qp, kp, q, k, warmup ? 0 : indices.size(3), scale, proxy_scale,
+                                 query_offset);
   const at::Tensor cu = set_documents(problem, cu_seqlens, q);
 
   at::Tensor dqp = at::empty(qp.sizes(), q.options()), dkp = at::empty(kp.sizes(), q.options());

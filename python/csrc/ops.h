@@ -12,21 +12,28 @@
 
 namespace flash_msa::torch_ext {
 
-// Proxy selection. qp [B, Hp, S, Dp], kp [B, Hpk, S, Dp] -> indices int32
-// [B, Hp, S, top_k_blocks] (blocks of 128 keys ascending, -1 padding).
+// Every op takes `query_offset`: the query-side tensors (qp, q, out, dout, lse, lse_proxy,
+// indices) hold Sq tokens at positions query_offset .. query_offset + Sq - 1 of the S tokens of
+// the key-side tensors (kp, k, v); Sq = S with offset 0 is the whole sequence (Problem in
+// include/flash_msa/msa.h).
+
+// Proxy selection. qp [B, Hp, Sq, Dp], kp [B, Hpk, S, Dp] -> indices int32
+// [B, Hp, Sq, top_k_blocks] (blocks of 128 keys ascending, -1 padding).
 at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k_blocks,
-                  double proxy_scale, const std::optional<at::Tensor>& cu_seqlens);
+                  double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
+                  int64_t query_offset);
 
 // Forward of both branches: sparse over `indices`, or dense (warmup) when `indices` is absent.
-// Returns out [B, S, H*D] (token-major, as Flash-MSA), kl (0-dim: the KL value when
-// compute_kl, else 0), lse [B, H, S] and lse_proxy [B, Hp, S]; the last two exist for the
+// Returns out [B, Sq, H*D] (token-major, as Flash-MSA), kl (0-dim: the KL value when
+// compute_kl, else 0), lse [B, H, Sq] and lse_proxy [B, Hp, Sq]; the last two exist for the
 // backward. The statistics kl, lse, lse_proxy are fp32, or float64 for float64 inputs (CPU).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& indices, double scale,
-    double proxy_scale, const std::optional<at::Tensor>& cu_seqlens, bool compute_kl);
+    double proxy_scale, const std::optional<at::Tensor>& cu_seqlens, bool compute_kl,
+    int64_t query_offset);
 
-// Backward over the cached selection (or dense when `indices` is absent). dout [B, S, H*D] is
+// Backward over the cached selection (or dense when `indices` is absent). dout [B, Sq, H*D] is
 // the gradient of out; kl_grad (one element, may be absent: weight 0) that of kl, read on the
 // device. Returns dqp, dkp, dq, dk, dv shaped like their inputs. Every path is deterministic:
 // the gradients are bitwise reproducible (on the CPU for a fixed thread count). kl_out (0-dim,
@@ -36,7 +43,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& lse_proxy,
     const std::optional<at::Tensor>& indices, double scale, double proxy_scale,
-    const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& kl_out);
+    const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& kl_out,
+    int64_t query_offset);
 
 // True when this build holds the CUDA kernels (FLASH_MSA_WITH_CUDA).
 bool built_with_cuda();

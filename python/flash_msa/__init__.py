@@ -6,7 +6,7 @@ was built with them (``flash_msa.built_with_cuda()``). See docs/python.md.
 
 import torch  # noqa: F401  (loads libtorch, which the extension _C links against)
 
-from . import _C, ops
+from . import _C, distributed, ops
 from .analysis import selection_stats
 from .interface import (
     BLOCK_SIZE,
@@ -26,6 +26,7 @@ __all__ = [
     "MSAAttention",
     "apply_rope",
     "built_with_cuda",
+    "distributed",
     "flash_msa_func",
     "flash_msa_warmup_func",
     "ops",

@@ -67,11 +67,14 @@ def _check_tensor(name: str, t, ref: Optional[Tensor] = None) -> None:
             _fail(f"{name}: expected dtype {ref.dtype} (that of q_proxy), got {t.dtype}")
         if t.device != ref.device:
             _fail(f"{name}: expected device {ref.device} (that of q_proxy), got {t.device}")
-        if t.shape[0] != ref.shape[0] or t.shape[2] != ref.shape[2]:
-            _fail(
-                f"{name}: expected batch {ref.shape[0]} and seqlen {ref.shape[2]} "
-                f"(those of q_proxy), got shape {tuple(t.shape)}"
-            )
+        if t.shape[0] != ref.shape[0]:
+            _fail(f"{name}: expected batch {ref.shape[0]} (that of q_proxy), got shape "
+                  f"{tuple(t.shape)}")
+        # Query side: q has q_proxy's seqlen; the key side's (k_proxy, k, v) is checked in
+        # _check_query_offset and _check_all.
+        if name == "q" and t.shape[2] != ref.shape[2]:
+            _fail(f"q: expected seqlen {ref.shape[2]} (that of q_proxy), got shape "
+                  f"{tuple(t.shape)}")
 
 
 def _check_divides(what: str, a: int, a_name: str, b: int, b_name: str) -> None:
@@ -101,7 +104,24 @@ def _check_scale(name: str, value) -> float:
     return float(value)
 
 
-def _check_proxy(q_proxy: Tensor, k_proxy: Tensor) -> None:
+def _check_query_offset(query_offset, q_proxy: Tensor, k_proxy: Tensor) -> int:
+    """The position of the first query: 0 for a whole sequence (``query_offset`` None, q_proxy
+    and k_proxy of one seqlen), else a shard of queries inside k_proxy's sequence."""
+    queries, keys = q_proxy.shape[2], k_proxy.shape[2]
+    if query_offset is None:
+        if queries != keys:
+            _fail(f"k_proxy: expected seqlen {queries} (that of q_proxy), got shape "
+                  f"{tuple(k_proxy.shape)} (a shard of queries against longer keys needs "
+                  f"query_offset)")
+        return 0
+    value = _integer(query_offset)
+    if value is None or value < 0 or value + queries > keys:
+        _fail(f"query_offset: expected an int with 0 <= query_offset and query_offset + "
+              f"{queries} (the queries) <= {keys} (the keys), got {query_offset!r}")
+    return value
+
+
+def _check_proxy(q_proxy: Tensor, k_proxy: Tensor, query_offset=None) -> int:
     _check_tensor("q_proxy", q_proxy)
     _check_tensor("k_proxy", k_proxy, q_proxy)
     if k_proxy.shape[3] != q_proxy.shape[3]:
@@ -110,12 +130,17 @@ def _check_proxy(q_proxy: Tensor, k_proxy: Tensor) -> None:
             f"got {k_proxy.shape[3]}"
         )
     _check_divides("heads", q_proxy.shape[1], "proxy heads", k_proxy.shape[1], "proxy kv heads")
+    return _check_query_offset(query_offset, q_proxy, k_proxy)
 
 
-def _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens) -> None:
-    _check_proxy(q_proxy, k_proxy)
+def _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens, query_offset=None) -> int:
+    """Checks every argument; returns the position of the first query."""
+    offset = _check_proxy(q_proxy, k_proxy, query_offset)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, q_proxy)
+    if k.shape[2] != k_proxy.shape[2]:
+        _fail(f"k: expected seqlen {k_proxy.shape[2]} (that of k_proxy), got shape "
+              f"{tuple(k.shape)}")
     if k.shape != v.shape:
         _fail(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
     if k.shape[3] != q.shape[3]:
@@ -124,6 +149,7 @@ def _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens) -> None:
     _check_divides("heads", heads, "heads", kv_heads, "kv heads")
     _check_divides("heads", heads, "heads", proxy_heads, "proxy heads")
     _check_cu_seqlens(cu_seqlens, q_proxy)
+    return offset
 
 
 def _scales(q_proxy: Tensor, q: Tensor, scale, proxy_scale) -> tuple[float, float]:
@@ -183,6 +209,7 @@ def select_blocks(
     *,
     proxy_scale: Optional[float] = None,
     cu_seqlens: Optional[Tensor] = None,
+    query_offset: Optional[int] = None,
 ) -> Tensor:
     """Top-k block selection of the proxy branch (SPEC section 1).
 
@@ -192,14 +219,20 @@ def select_blocks(
     ``top_k_blocks`` counts blocks (``flash_msa_func``'s ``top_k`` counts tokens:
     ``top_k_blocks = top_k // 128``). ``proxy_scale`` defaults to Dp**-0.5 (a positive scale
     does not change the ranking).
+
+    ``query_offset`` (keyword, every function here takes it): q_proxy (and q) may hold a shard
+    of Sq queries of a longer sequence, query i at position ``query_offset + i`` of the S
+    tokens of k_proxy (and k, v); the results have Sq tokens. ``flash_msa.distributed`` builds
+    context parallelism on it (docs/distributed.md). None (the default): one sequence, all
+    tensors of one seqlen.
     """
-    _check_proxy(q_proxy, k_proxy)
+    query_offset = _check_proxy(q_proxy, k_proxy, query_offset)
     _check_cu_seqlens(cu_seqlens, q_proxy)
     top_k_blocks = _check_top_k_blocks(top_k_blocks)
     if proxy_scale is None:
         proxy_scale = q_proxy.shape[3] ** -0.5
     proxy_scale = _check_scale("proxy_scale", proxy_scale)
-    return ops.select(q_proxy, k_proxy, top_k_blocks, proxy_scale, cu_seqlens)
+    return ops.select(q_proxy, k_proxy, top_k_blocks, proxy_scale, cu_seqlens, query_offset)
 
 
 def _check_kl_out(kl_out, q: Tensor) -> None:
@@ -218,11 +251,12 @@ def _check_kl_out(kl_out, q: Tensor) -> None:
 
 
 def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl,
-               kl_out):
+               kl_out, query_offset):
     _check_kl_out(kl_out, q)
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     out, kl, _, _ = ops.forward(
-        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(compute_kl), kl_out
+        q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens, bool(compute_kl), kl_out,
+        query_offset,
     )
     return out, kl
 
@@ -240,6 +274,7 @@ def sparse_attention(
     cu_seqlens: Optional[Tensor] = None,
     compute_kl: bool = False,
     kl_out: Optional[Tensor] = None,
+    query_offset: Optional[int] = None,
 ) -> tuple[Tensor, Tensor]:
     """Main attention over given blocks plus the KL alignment loss (SPEC sections 2-4).
 
@@ -250,10 +285,10 @@ def sparse_attention(
     w.r.t. q, k, v (through out) and q_proxy, k_proxy (through kl). The KL value, as in
     :func:`flash_msa_func`: in ``kl_out`` after the backward, or in kl with ``compute_kl=True``.
     """
-    _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
+    query_offset = _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens, query_offset)
     _check_indices(indices, q_proxy)
     return _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens,
-                      compute_kl, kl_out)
+                      compute_kl, kl_out, query_offset)
 
 
 def flash_msa_func(
@@ -270,6 +305,7 @@ def flash_msa_func(
     return_kl: bool = True,
     compute_kl: bool = False,
     kl_out: Optional[Tensor] = None,
+    query_offset: Optional[int] = None,
 ):
     """MiniMax Sparse Attention, Flash-MSA's call: select, then sparse attention + KL.
 
@@ -289,12 +325,12 @@ def flash_msa_func(
       extra pass over the selected blocks (about half a forward; docs/python.md).
     By default (``compute_kl=False``) kl_loss is 0 in value, as Flash-MSA's placeholder.
     """
-    _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
+    query_offset = _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens, query_offset)
     top_k = _check_top_k(top_k)
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
-    indices = ops.select(q_proxy, k_proxy, top_k // BLOCK_SIZE, proxy, cu_seqlens)
+    indices = ops.select(q_proxy, k_proxy, top_k // BLOCK_SIZE, proxy, cu_seqlens, query_offset)
     out, kl = _attention(q_proxy, k_proxy, q, k, v, indices, main_scale, proxy, cu_seqlens,
-                         compute_kl, kl_out)
+                         compute_kl, kl_out, query_offset)
     return (out, kl) if return_kl else out
 
 
@@ -312,13 +348,14 @@ def flash_msa_warmup_func(
     return_kl: bool = True,
     compute_kl: bool = False,
     kl_out: Optional[Tensor] = None,
+    query_offset: Optional[int] = None,
 ):
     """Warmup phase (SPEC section 5): dense causal attention, KL against the dense teacher.
 
     Same arguments and results as :func:`flash_msa_func`; ``top_k`` (tokens) is ignored, kept
     so that the two functions are interchangeable.
     """
-    _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
+    query_offset = _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens, query_offset)
     out, kl = _attention(q_proxy, k_proxy, q, k, v, None, scale, proxy_scale, cu_seqlens,
-                         compute_kl, kl_out)
+                         compute_kl, kl_out, query_offset)
     return (out, kl) if return_kl else out

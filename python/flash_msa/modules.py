@@ -9,8 +9,9 @@ from torch import Tensor, nn
 from .interface import _check_top_k, _integer, flash_msa_func, flash_msa_warmup_func
 
 
-def apply_rope(x: Tensor, base: float) -> Tensor:
-    """NeoX-style rotary embedding of x (B, heads, S, d) at positions 0..S-1.
+def apply_rope(x: Tensor, base: float, positions: Optional[Tensor] = None) -> Tensor:
+    """NeoX-style rotary embedding of x (B, heads, S, d) at positions 0..S-1, or at
+    ``positions`` (S integers; a context-parallel shard's global positions).
 
     Channel c < d/2 is rotated with channel c + d/2 at frequency base**(-2c/d); the angles and
     the rotation are computed in fp32 (float64 stays float64). With packed documents the positions still count from the
@@ -21,7 +22,9 @@ def apply_rope(x: Tensor, base: float) -> Tensor:
     half = dim // 2
     compute = torch.promote_types(x.dtype, torch.float32)
     inv_freq = base ** (-torch.arange(half, device=x.device, dtype=compute) / half)
-    angles = torch.arange(seqlen, device=x.device, dtype=compute)[:, None] * inv_freq
+    if positions is None:
+        positions = torch.arange(seqlen, device=x.device)
+    angles = positions.to(device=x.device, dtype=compute)[:, None] * inv_freq
     cos, sin = angles.cos(), angles.sin()
     x1, x2 = x.to(compute).chunk(2, dim=-1)
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -51,6 +54,11 @@ class MSAAttention(nn.Module):
     recomputes, at a few percent of the step. ``compute_kl=True`` also makes the returned
     ``kl_loss`` hold it right after the forward, at the cost of an extra pass; by default
     ``kl_loss`` is 0 in value and only carries the proxy gradient.
+
+    Context parallelism: after :func:`flash_msa.distributed.set_context_parallel` the layer
+    takes this rank's shard of the hidden states (in the group's layout), applies RoPE at the
+    tokens' global positions and runs :func:`flash_msa.distributed.msa_func`; ``cu_seqlens``
+    is then the global one (docs/distributed.md).
     """
 
     def __init__(
@@ -104,6 +112,7 @@ class MSAAttention(nn.Module):
         self.q_proxy_proj = nn.Linear(hidden_size, num_proxy_heads * proxy_head_dim, bias=bias, **factory)
         self.k_proxy_proj = nn.Linear(hidden_size, num_proxy_kv_heads * proxy_head_dim, bias=bias, **factory)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias, **factory)
+        self.context_parallel = None  # a flash_msa.distributed.ContextParallel, or None
         stats = torch.float64 if dtype == torch.float64 else torch.float32
         self.register_buffer("kl_value", torch.full((), math.nan, dtype=stats, device=device),
                              persistent=False)
@@ -120,16 +129,20 @@ class MSAAttention(nn.Module):
         # (B, S, heads*d) -> (B, heads, S, d) as a strided view: the kernels take the strides.
         return x.unflatten(-1, (heads, -1)).transpose(1, 2)
 
-    def projections(self, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """(q_proxy, k_proxy, q, k, v) head-major, RoPE applied to all but v; the proxy ones
-        from ``hidden.detach()``: what the attention call gets."""
-        base = self.rope_base
-        q = apply_rope(self._heads(self.q_proj(hidden), self.num_heads), base)
-        k = apply_rope(self._heads(self.k_proj(hidden), self.num_kv_heads), base)
+    def projections(self, hidden: Tensor, positions: Optional[Tensor] = None
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(q_proxy, k_proxy, q, k, v) head-major, RoPE applied to all but v (at ``positions``,
+        by default 0..S-1); the proxy ones from ``hidden.detach()``: what the attention call
+        gets."""
+        def rope(x):
+            return apply_rope(x, self.rope_base, positions)
+
+        q = rope(self._heads(self.q_proj(hidden), self.num_heads))
+        k = rope(self._heads(self.k_proj(hidden), self.num_kv_heads))
         v = self._heads(self.v_proj(hidden), self.num_kv_heads)
         detached = hidden.detach()
-        q_proxy = apply_rope(self._heads(self.q_proxy_proj(detached), self.num_proxy_heads), base)
-        k_proxy = apply_rope(self._heads(self.k_proxy_proj(detached), self.num_proxy_kv_heads), base)
+        q_proxy = rope(self._heads(self.q_proxy_proj(detached), self.num_proxy_heads))
+        k_proxy = rope(self._heads(self.k_proxy_proj(detached), self.num_proxy_kv_heads))
         return q_proxy, k_proxy, q, k, v
 
     def forward(self, hidden: Tensor, cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
@@ -141,6 +154,18 @@ class MSAAttention(nn.Module):
                 f"flash_msa: MSAAttention: hidden: expected a 3-D tensor (B, S, hidden_size="
                 f"{hidden_size}), got {got}"
             )
+        cp = self.context_parallel
+        if cp is not None:
+            from .distributed import msa_func
+
+            q_proxy, k_proxy, q, k, v = self.projections(
+                hidden, cp.positions(hidden.shape[1], hidden.device))
+            out, kl = msa_func(
+                q_proxy, k_proxy, q, k, v, self.top_k, context_parallel=cp,
+                cu_seqlens=cu_seqlens, warmup=self.warmup, compute_kl=self.compute_kl,
+                kl_out=self.kl_value,
+            )
+            return self.o_proj(out), kl
         q_proxy, k_proxy, q, k, v = self.projections(hidden)
         attend = flash_msa_warmup_func if self.warmup else flash_msa_func
         out, kl = attend(

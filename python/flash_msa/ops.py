@@ -9,7 +9,13 @@ enqueue kernels on the current stream, so they can be captured in a CUDA graph.
 The arguments are checked by the public functions in ``interface.py``; these ops are the raw
 layer underneath. Their arguments are positional (torch custom ops cannot take tensors as
 keyword-only arguments), in the order of the public functions: ``scale``, ``proxy_scale``,
-``cu_seqlens``. ``select`` takes ``top_k_blocks`` in blocks of 128 keys.
+``cu_seqlens``, then ``query_offset``. ``select`` takes ``top_k_blocks`` in blocks of 128 keys.
+
+``query_offset`` (0 for a whole sequence) places a shard of the queries: the query-side tensors
+(``qp``, ``q``, ``out``, ``dout``, ``lse``, ``lse_proxy``, ``indices``) hold Sq tokens, query i at
+position ``query_offset + i`` of the S tokens of the key-side tensors (``kp``, ``k``, ``v``). The
+KL value keeps the mean over all B * Hp * S rows, so the shards' values add up, and the key
+gradients are the shard's part (``flash_msa.distributed`` sums them over the ranks).
 
 The statistics (kl, lse, lse_proxy, kl_grad) are float32, or float64 for float64 inputs (which
 run on the CPU only, in double precision throughout).
@@ -29,14 +35,19 @@ def _stats_dtype(q: Tensor) -> torch.dtype:
 
 @torch.library.custom_op("flash_msa::select", mutates_args=())
 def select(
-    qp: Tensor, kp: Tensor, top_k_blocks: int, proxy_scale: float, cu_seqlens: Optional[Tensor]
+    qp: Tensor,
+    kp: Tensor,
+    top_k_blocks: int,
+    proxy_scale: float,
+    cu_seqlens: Optional[Tensor],
+    query_offset: int = 0,
 ) -> Tensor:
-    """Indices int32 [B, Hp, S, top_k_blocks]: selected blocks ascending, then -1 padding."""
-    return _C.select(qp, kp, top_k_blocks, proxy_scale, cu_seqlens)
+    """Indices int32 [B, Hp, Sq, top_k_blocks]: selected blocks ascending, then -1 padding."""
+    return _C.select(qp, kp, top_k_blocks, proxy_scale, cu_seqlens, query_offset)
 
 
 @select.register_fake
-def _select_fake(qp, kp, top_k_blocks, proxy_scale, cu_seqlens):
+def _select_fake(qp, kp, top_k_blocks, proxy_scale, cu_seqlens, query_offset=0):
     batch, proxy_heads, seqlen, _ = qp.shape
     return qp.new_empty((batch, proxy_heads, seqlen, top_k_blocks), dtype=torch.int32)
 
@@ -54,19 +65,24 @@ def forward(
     cu_seqlens: Optional[Tensor],
     compute_kl: bool,
     kl_out: Optional[Tensor],
+    query_offset: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(out [B, S, H*D], kl 0-dim, lse [B, H, S], lse_proxy [B, Hp, S]).
+    """(out [B, Sq, H*D], kl 0-dim, lse [B, H, Sq], lse_proxy [B, Hp, Sq]).
 
     ``indices`` None runs warmup (dense). ``kl`` holds the KL value when ``compute_kl``, else 0
     (its gradient drives the proxy branch either way). ``kl_out`` (0-dim, the statistics'
     dtype) is not read here: the autograd backward passes it to :func:`backward`, which writes
     the KL value into it.
     """
-    return _C.forward(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl)
+    return _C.forward(
+        qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl, query_offset
+    )
 
 
 @forward.register_fake
-def _forward_fake(qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl, kl_out):
+def _forward_fake(
+    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, compute_kl, kl_out, query_offset=0
+):
     batch, heads, seqlen, head_dim = q.shape
     stats = _stats_dtype(q)
     return (
@@ -94,6 +110,7 @@ def backward(
     proxy_scale: float,
     cu_seqlens: Optional[Tensor],
     kl_out: Optional[Tensor],
+    query_offset: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dqp, dkp, dq, dk, dv), contiguous and shaped like qp, kp, q, k, v; writes the KL value
     into ``kl_out`` when given, from the teacher the backward recomputes (equal to the forward's
@@ -105,7 +122,7 @@ def backward(
     """
     return _C.backward(
         dout, kl_grad, qp, kp, q, k, v, out, lse, lse_proxy, indices, scale, proxy_scale,
-        cu_seqlens, kl_out,
+        cu_seqlens, kl_out, query_offset,
     )
 
 
@@ -115,7 +132,7 @@ def _backward_fake(dout, kl_grad, qp, kp, q, k, v, *rest):
 
 
 def _forward_setup_context(ctx, inputs, output):
-    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, _, kl_out = inputs
+    qp, kp, q, k, v, indices, scale, proxy_scale, cu_seqlens, _, kl_out, query_offset = inputs
     out, _, lse, lse_proxy = output
     ctx.save_for_backward(qp, kp, q, k, v, out, lse, lse_proxy, indices, cu_seqlens)
     # Held outside the saved tensors: every backward writes into it, and a saved tensor's
@@ -123,6 +140,7 @@ def _forward_setup_context(ctx, inputs, output):
     ctx.kl_out = kl_out
     ctx.scale = scale
     ctx.proxy_scale = proxy_scale
+    ctx.query_offset = query_offset
     # The statistics are outputs only so that the backward can reuse them.
     ctx.mark_non_differentiable(lse, lse_proxy)
     # An unused output (out or kl) then reaches the backward as None, and the branch it feeds
@@ -138,13 +156,13 @@ def _forward_backward(ctx, dout, kl_grad, _dlse, _dlse_proxy):
     # without a host sync. kl_out, when given, receives the KL value.
     dqp, dkp, dq, dk, dv = backward(
         torch.zeros_like(out) if dout is None else dout, kl_grad, qp, kp, q, k, v, out, lse,
-        lse_proxy, indices, ctx.scale, ctx.proxy_scale, cu_seqlens, kl_out,
+        lse_proxy, indices, ctx.scale, ctx.proxy_scale, cu_seqlens, kl_out, ctx.query_offset,
     )
     if dout is None:
         dq = dk = dv = None
     if kl_grad is None:
         dqp = dkp = None
-    return (dqp, dkp, dq, dk, dv, None, None, None, None, None, None)
+    return (dqp, dkp, dq, dk, dv, None, None, None, None, None, None, None)
 
 
 forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)

@@ -60,6 +60,13 @@ void check_problem(const Problem& p, Stage stage) {
   static_cast<void>(dtype_size(p.dtype));  // throws on an unknown dtype
   if (p.cu_seqlens != nullptr && p.num_docs < 1)
     fail("num_docs", ">= 1 when cu_seqlens is given", str(p.num_docs));
+  if (p.query_len < 0) fail("query_len", ">= 0 (0: every position)", str(p.query_len));
+  if (p.query_len == 0 && p.query_offset != 0)
+    fail("query_offset", "0 when query_len is 0 (every position is a query)", str(p.query_offset));
+  if (p.query_offset < 0 || p.query_offset + p.query_len > p.seqlen)
+    fail("query_offset", "a shard inside the sequence: 0 <= query_offset and query_offset + "
+         "query_len (" + str(p.query_len) + ") <= seqlen (" + str(p.seqlen) + ")",
+         str(p.query_offset));
 }
 
 template <class P>
@@ -134,13 +141,14 @@ void validate_indices_values(const Problem& problem, const int32_t* host_cu_seql
   check_pointer("indices", host_indices);
   validate_cu_seqlens_values(problem, host_cu_seqlens);
   const std::vector<int32_t> starts = document_starts(problem, host_cu_seqlens);
-  const int64_t S = problem.seqlen, K = problem.top_k;
+  const int64_t S = problem.seqlen, Sq = problem.queries(), K = problem.top_k;
   for (int64_t b = 0; b < problem.batch; ++b)
     for (int64_t p = 0; p < problem.proxy_heads; ++p)
-      for (int64_t i = 0; i < S; ++i) {
-        const int32_t* row = host_indices + ((b * problem.proxy_heads + p) * S + i) * K;
-        const int64_t own = i / kBlockSize;
-        const int64_t first_visible = starts[static_cast<size_t>(b * S + i)] / kBlockSize;
+      for (int64_t i = 0; i < Sq; ++i) {
+        const int32_t* row = host_indices + ((b * problem.proxy_heads + p) * Sq + i) * K;
+        const int64_t pos = problem.query_offset + i;  // the query's position
+        const int64_t own = pos / kBlockSize;
+        const int64_t first_visible = starts[static_cast<size_t>(b * S + pos)] / kBlockSize;
         // The row's name is built only for a message: this loop runs over every row.
         const auto at = [&] { return " at " + row_name(b, p, i); };
         int64_t x = 0;

@@ -22,12 +22,17 @@ struct Dims {
         D(p.head_dim),
         Dp(p.proxy_head_dim),
         K(p.top_k),
-        G(H / Hp) {}
+        G(H / Hp),
+        Sq(p.queries()),
+        Q0(p.query_offset) {}
   int64_t kv_head(int64_t h) const { return h / (H / Hk); }
   int64_t proxy_key_head(int64_t p) const { return p / (Hp / Hpk); }
-  int64_t rows() const { return B * Hp * S; }  // (b, p, i) query rows
+  int64_t rows() const { return B * Hp * Sq; }  // (b, p, i) query rows
+  // The KL mean is over every row of the sequence, B * Hp * S, also for a query shard.
+  int64_t kl_rows() const { return B * Hp * S; }
 
-  int64_t B, S, H, Hk, Hp, Hpk, D, Dp, K, G;
+  // S key positions; Sq queries, query i at position Q0 + i (Problem::query_offset).
+  int64_t B, S, H, Hk, Hp, Hpk, D, Dp, K, G, Sq, Q0;
 };
 
 // Heads g and g + 1 of the group from h0 read the same kv head, so they can share key loads.

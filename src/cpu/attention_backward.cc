@@ -49,7 +49,7 @@ void backward(const BackwardParams& params, bool warmup) {
   const Packed<T> v(pr.dtype, params.v, d.B, d.Hk, d.S, d.D);
   const int64_t max_keys = max_attended(d, warmup);
   // g = kl_weight * (pp - t): the KL gradient w / (B * Hp * S) folded into one factor.
-  const T kl_weight = (kl_grad ? *kl_grad : T(0)) / static_cast<T>(d.rows());
+  const T kl_weight = (kl_grad ? *kl_grad : T(0)) / static_cast<T>(d.kl_rows());
   T* const kl_out = stats_ptr<T>(params.kl);
   std::vector<double> kl_rows(kl_out ? static_cast<size_t>(d.rows()) : 0);
   const int threads = num_threads();
@@ -68,10 +68,11 @@ void backward(const BackwardParams& params, bool warmup) {
     std::vector<T> teacher(static_cast<size_t>(max_keys)), grad(teacher.size());
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
     for (int64_t r; rows.next(r);) {
-      const int64_t b = r / (d.Hp * d.S), p = r / d.S % d.Hp, i = r % d.S, h0 = p * d.G;
+      const int64_t b = r / (d.Hp * d.Sq), p = r / d.Sq % d.Hp, i = r % d.Sq, h0 = p * d.G;
+      const int64_t pos = d.Q0 + i;  // the query's position among the keys
       const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
-      const int64_t nr =
-          attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + i)], i, ranges.data());
+      const int64_t nr = attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + pos)], pos,
+                                         ranges.data());
       const int64_t n = key_count(ranges.data(), nr);
       for (int64_t g = 0; g < d.G; ++g) {
         const size_t at = static_cast<size_t>(g * d.D);
@@ -85,7 +86,7 @@ void backward(const BackwardParams& params, bool warmup) {
       group_dots(d, b, h0, q.data(), k, ranges.data(), nr, prob.data(), n);
       group_dots(d, b, h0, dout.data(), v, ranges.data(), nr, dprob.data(), n);
       for (int64_t g = 0; g < d.G; ++g) {
-        const T lse = lse_in[(b * d.H + h0 + g) * d.S + i], dl = delta[static_cast<size_t>(g)];
+        const T lse = lse_in[(b * d.H + h0 + g) * d.Sq + i], dl = delta[static_cast<size_t>(g)];
         T* pg = &prob[static_cast<size_t>(g * n)];
         T* dg = &dprob[static_cast<size_t>(g * n)];
         for (int64_t x = 0; x < n; ++x) {
@@ -136,7 +137,7 @@ void backward(const BackwardParams& params, bool warmup) {
   });
   if (kl_out)
     *kl_out = static_cast<T>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
-                             static_cast<double>(d.rows()));
+                             static_cast<double>(d.kl_rows()));
   reduce_store(pr.dtype, dk_acc, params.dk, d.B, d.Hk, d.S, d.D);
   reduce_store(pr.dtype, dv_acc, params.dv, d.B, d.Hk, d.S, d.D);
   reduce_store(pr.dtype, dkp_acc, params.dkp, d.B, d.Hpk, d.S, d.Dp);

@@ -40,10 +40,11 @@ void forward(const ForwardParams& params, bool warmup) {
     std::vector<T> teacher(static_cast<size_t>(max_keys)), s(teacher.size());
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
     for (int64_t r; rows.next(r);) {
-      const int64_t b = r / (d.Hp * d.S), p = r / d.S % d.Hp, i = r % d.S, h0 = p * d.G;
+      const int64_t b = r / (d.Hp * d.Sq), p = r / d.Sq % d.Hp, i = r % d.Sq, h0 = p * d.G;
+      const int64_t pos = d.Q0 + i;  // the query's position among the keys
       const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
-      const int64_t nr =
-          attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + i)], i, ranges.data());
+      const int64_t nr = attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + pos)], pos,
+                                         ranges.data());
       const int64_t n = key_count(ranges.data(), nr);
       for (int64_t g = 0; g < d.G; ++g) {
         T* qg = &q[static_cast<size_t>(g * d.D)];
@@ -54,7 +55,7 @@ void forward(const ForwardParams& params, bool warmup) {
       std::fill(teacher.begin(), teacher.begin() + n, T(0));
       for (int64_t g = 0; g < d.G; ++g) {
         T* pg = &a[static_cast<size_t>(g * n)];
-        lse_out[(b * d.H + h0 + g) * d.S + i] = softmax(pg, n);
+        lse_out[(b * d.H + h0 + g) * d.Sq + i] = softmax(pg, n);
         for (int64_t x = 0; x < n; ++x) teacher[static_cast<size_t>(x)] += pg[x];
       }
       std::fill(o.begin(), o.end(), T(0));
@@ -84,7 +85,7 @@ void forward(const ForwardParams& params, bool warmup) {
   });
   if (kl_out)
     *kl_out = static_cast<T>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
-                             static_cast<double>(d.rows()));
+                             static_cast<double>(d.kl_rows()));
 }
 
 void run(const ForwardParams& params, bool warmup) {

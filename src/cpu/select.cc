@@ -22,17 +22,18 @@ void select_blocks(const SelectParams& params) {
   const std::vector<int32_t> starts = document_starts(pr, pr.cu_seqlens);
   const int64_t B = pr.batch, S = pr.seqlen, Hp = pr.proxy_heads, Dp = pr.proxy_head_dim;
   const int64_t K = pr.top_k, num_blocks = (S + kBlockSize - 1) / kBlockSize;
+  const int64_t Sq = pr.queries();  // query i at position query_offset + i
   const Packed<T> kp(pr.dtype, params.kp, B, pr.proxy_kv_heads, S, Dp);
   const int64_t proxy_group = Hp / pr.proxy_kv_heads;
 
   // Query cost grows with i, so rows are handed out dynamically; results do not depend on it.
-  parallel_dynamic(B * Hp * S, kRowChunk, [&](int, DynamicRows& rows) {
+  parallel_dynamic(B * Hp * Sq, kRowChunk, [&](int, DynamicRows& rows) {
     std::vector<T> qp(static_cast<size_t>(Dp)), scores(kBlockSize);
     std::vector<std::pair<T, int32_t>> candidates(static_cast<size_t>(num_blocks));
     std::vector<int32_t> chosen(static_cast<size_t>(K));
     for (int64_t r; rows.next(r);) {
-      const int64_t b = r / (Hp * S), p = r / S % Hp, i = r % S;
-      const int64_t start = starts[static_cast<size_t>(b * S + i)], own = i / kBlockSize;
+      const int64_t b = r / (Hp * Sq), p = r / Sq % Hp, i = r % Sq, pos = pr.query_offset + i;
+      const int64_t start = starts[static_cast<size_t>(b * S + pos)], own = pos / kBlockSize;
       load_row(pr.dtype, params.qp.data, offset(params.qp, b, p, i), Dp, qp.data());
       // Scores are ranked unscaled: proxy_scale > 0 preserves the order and skips a rounding.
       int64_t count = 0;
