@@ -182,6 +182,19 @@ TEST_F(Validation, Seqlen) {
   expect_problem_error(kAllOps, [](Problem& p) { p.seqlen = 0; }, {"seqlen"});
   expect_problem_error(kAllOps, [](Problem& p) { p.seqlen = -200; }, {"seqlen"});
 }
+TEST_F(Validation, QueryShard) {
+  // A shard of 128 queries is accepted (where no indices rows of the base selection are read).
+  for (Op op : {Op::kSelect, Op::kWarmupForward, Op::kWarmupBackward}) {
+    SCOPED_TRACE(op_name(op));
+    EXPECT_MSA_OK(run(op, [](Problem& p) { p.query_len = 128, p.query_offset = 72; }));
+  }
+  expect_problem_error(kAllOps, [](Problem& p) { p.query_len = -1; }, {"query_len"});
+  expect_problem_error(kAllOps, [](Problem& p) { p.query_offset = 5; }, {"query_offset"});
+  expect_problem_error(
+      kAllOps, [](Problem& p) { p.query_len = 100, p.query_offset = 101; }, {"query_offset"});
+  expect_problem_error(
+      kAllOps, [](Problem& p) { p.query_len = 10, p.query_offset = -1; }, {"query_offset"});
+}
 TEST_F(Validation, Heads) {
   expect_problem_error(kAllOps, [](Problem& p) { p.heads = 0; }, {"heads"});
   expect_problem_error(kAllOps, [](Problem& p) { p.heads = -4; }, {"heads"});

@@ -30,7 +30,7 @@ std::vector<T> download(const T* device, int64_t count) {
 TEST_F(CudaSchedule, MatchesHostReverseIndex) {
   const Dims d{.B = 2, .S = 1000, .H = 3, .Hk = 3, .Hp = 3, .Hpk = 1, .D = 32, .Dp = 32, .K = 6};
   const std::vector<int32_t> cu = make_cu_seqlens(d, {300, 1500, 1600});
-  const cuda::schedule::Shape shape{d.B, d.S, d.Hp, d.K};
+  const cuda::schedule::Shape shape{d.B, d.S, d.Hp, d.K, 0, d.S};
   const int64_t nb = shape.num_blocks();
   std::mt19937 rng(11);
   std::vector<int32_t> indices(static_cast<size_t>(shape.edges()));

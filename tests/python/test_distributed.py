@@ -200,3 +200,24 @@ def test_query_offset_checks():
     shard = tensors["qp"][:, :, 300:556]  # a view: no copy of the queries
     assert torch.equal(flash_msa.select_blocks(shard, kp, 4, query_offset=300),
                        whole[:, :, 300:556])
+
+
+def test_torchrun_benchmark_runs_on_gloo(tmp_path):
+    """bench/cp_bench.py under torchrun, two CPU processes (the multi-GPU benchmark's code path
+    on the gloo backend)."""
+    import json
+    import subprocess
+    import sys
+    from conftest import REPO
+
+    out = tmp_path / "cp.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           f"--master-port={_free_port()}", str(REPO / "bench" / "cp_bench.py"), "--device",
+           "cpu", "--seqlen", "1K", "--heads", "4,2,2,1", "--dim", "32", "--top-k", "384",
+           "--steps", "1", "--out", str(out)]
+    env = dict(os.environ, FLASH_MSA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["world"] == 2 and report["backend"] == "gloo"
+    assert report["step_ms"] > 0 and report["kl_value"] > 0

@@ -29,7 +29,7 @@ namespace {
 struct Buffers {
   void* index;
   void* items;
-  float* delta;     // [B, H, S]
+  float* delta;     // [B, H, Sq]
   float* dk_acc;    // [B, Hk, S, D]
   float* dv_acc;    // [B, Hk, S, D]
   float* dkp_acc;   // [B, Hpk, S, Dp]
@@ -40,20 +40,21 @@ struct Buffers {
   float* dv_part;   // [items, 128, D]
   float* dkp_part;  // [items, 128, Dp]
   float* kl_part;   // [chunk edges] (KL value only)
-  float* kl_rows;   // [B, Hp, S] (KL value only)
+  float* kl_rows;   // [B, Hp, Sq] (KL value only)
 };
 
 // The layout function of SparsePlan; `out` (may be null) receives the arrays.
 auto layout(const Problem& pr, bool kl, Buffers* out = nullptr) {
   return [&pr, kl, out](int64_t chunk, Carver& c) {
-    const schedule::Shape shape{pr.batch, pr.seqlen, pr.proxy_heads, pr.top_k};
+    const schedule::Shape shape{pr.batch, pr.seqlen,      pr.proxy_heads,
+                                pr.top_k, pr.query_offset, pr.queries()};
     const int64_t edges = pr.batch * pr.proxy_heads * chunk * pr.top_k;
     const int64_t items = chunk > 0 ? schedule::max_items(shape, chunk) : 0;
     const int64_t D = pr.head_dim, Dp = pr.proxy_head_dim, S = pr.seqlen;
     Buffers b{};
     b.index = c.take_bytes(schedule::index_workspace_bytes(shape));
     b.items = c.take_bytes(schedule::items_workspace_bytes(shape));
-    b.delta = c.take<float>(pr.batch * pr.heads * S);
+    b.delta = c.take<float>(pr.batch * pr.heads * pr.queries());
     b.dk_acc = c.take<float>(pr.batch * pr.kv_heads * S * D);
     b.dv_acc = c.take<float>(pr.batch * pr.kv_heads * S * D);
     b.dkp_acc = c.take<float>(pr.batch * pr.proxy_kv_heads * S * Dp);
@@ -64,7 +65,7 @@ auto layout(const Problem& pr, bool kl, Buffers* out = nullptr) {
     b.dv_part = c.take<float>(items * kBlockSize * D);
     b.dkp_part = c.take<float>(items * kBlockSize * Dp);
     b.kl_part = c.take<float>(kl ? edges : 0);
-    b.kl_rows = c.take<float>(kl ? pr.batch * pr.proxy_heads * S : 0);
+    b.kl_rows = c.take<float>(kl ? pr.batch * pr.proxy_heads * pr.queries() : 0);
     if (out) *out = b;
   };
 }
@@ -181,7 +182,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
         };
         dispatch_attention(
             pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
-              if (chunk.begin == 0) passes::launch_delta<T>(delta, stream);
+              if (chunk.begin == shape.query_offset) passes::launch_delta<T>(delta, stream);
               if (hopper)  // only where D = 128, the Hopper kernel's head dim
                 sm90::launch_sparse_backward<T>(bp, stream);
               else
@@ -199,8 +200,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
           passes::launch_keys_reduce(keys(ws.dkp_part, ws.dkp_acc, Dp, pr.proxy_kv_heads), stream);
       });
   if (kl)
-    passes::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen, stats32(params.kl),
-                             stream);
+    passes::launch_kl_reduce(ws.kl_rows, plan.shape(), stats32(params.kl), stream);
   const auto store = [&](const float* acc, const MutView& dst, float scale, int64_t heads,
                          int width) {
     return passes::KeysStoreParams{

@@ -23,7 +23,20 @@ struct KernelShape {
   float proxy_scale;       // proxy score scale
   float scale_log2;        // scale * log2(e)
   float proxy_scale_log2;  // proxy_scale * log2(e)
-  float inv_rows;          // 1 / (B * Hp * S), the KL mean
+  float inv_rows;          // 1 / (B * Hp * S), the KL mean (over every row, also for a shard)
+  // The queries (Problem::query_offset, queries()): query-side tensors hold `queries` tokens
+  // per batch row, at positions query_offset .. query_offset + queries - 1. Kernels count
+  // tokens by position; query_row() and query_at() turn one into a query-side index.
+  int query_offset;        // Q0
+  int queries;             // Sq
+
+  // Row of a contiguous [.., Sq] query-side array ([B, H, Sq] statistics, [B, Hp, Sq, K]
+  // indices) for row bh of its leading dimensions and the query at position `token`.
+  __host__ __device__ int64_t query_row(int64_t bh, int token) const {
+    return bh * queries + (token - query_offset);
+  }
+  // Token index of the query at position `token` in a query-side view.
+  __host__ __device__ int query_at(int token) const { return token - query_offset; }
 };
 
 // The token chunk one launch of a sparse pass covers: tokens [begin, end) of every batch row;

@@ -27,7 +27,7 @@ namespace {
 struct Buffers {
   void* index;
   void* items;
-  float* kl_rows;     // [B, Hp, S] (KL only)
+  float* kl_rows;     // [B, Hp, Sq] (KL only)
   void* o_part;       // [chunk edges, G, D] dtype
   float* lse_part;    // [chunk edges, G]
   float* lse_p_part;  // [chunk edges]
@@ -38,13 +38,14 @@ struct Buffers {
 // The layout function of SparsePlan; `out` (may be null) receives the arrays.
 auto layout(const Problem& pr, bool kl, Buffers* out = nullptr) {
   return [&pr, kl, out](int64_t chunk, Carver& c) {
-    const schedule::Shape shape{pr.batch, pr.seqlen, pr.proxy_heads, pr.top_k};
+    const schedule::Shape shape{pr.batch, pr.seqlen,      pr.proxy_heads,
+                                pr.top_k, pr.query_offset, pr.queries()};
     const int64_t edges = pr.batch * pr.proxy_heads * chunk * pr.top_k;
     const int64_t group = pr.heads / pr.proxy_heads;
     Buffers b{};
     b.index = c.take_bytes(schedule::index_workspace_bytes(shape));
     b.items = c.take_bytes(schedule::items_workspace_bytes(shape));
-    b.kl_rows = c.take<float>(kl ? pr.batch * pr.proxy_heads * pr.seqlen : 0);
+    b.kl_rows = c.take<float>(kl ? pr.batch * pr.proxy_heads * pr.queries() : 0);
     b.o_part = c.take<uint16_t>(edges * group * pr.head_dim);
     b.lse_part = c.take<float>(edges * group);
     b.lse_p_part = c.take<float>(edges);
@@ -149,8 +150,7 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
             });
       });
   if (kl)
-    passes::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen, stats32(params.kl),
-                             stream);
+    passes::launch_kl_reduce(ws.kl_rows, plan.shape(), stats32(params.kl), stream);
 }
 
 }  // namespace flash_msa::cuda

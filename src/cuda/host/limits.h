@@ -107,9 +107,9 @@ inline void check_sparse_limits(const Problem& pr) {
   if (pr.top_k > 64) limit_error("top_k", "at most 64 blocks", std::to_string(pr.top_k));
   if (pr.seqlen >= (int64_t(1) << 25))
     limit_error("seqlen", "below 2^25 tokens per batch row", std::to_string(pr.seqlen));
-  const int64_t edges = pr.batch * pr.proxy_heads * pr.seqlen * pr.top_k;
+  const int64_t edges = pr.batch * pr.proxy_heads * pr.queries() * pr.top_k;
   if (edges > kInt32Max)
-    limit_error("top_k", "batch * proxy_heads * seqlen * top_k below 2^31", std::to_string(edges));
+    limit_error("top_k", "batch * proxy_heads * queries * top_k below 2^31", std::to_string(edges));
 }
 
 inline void check_workspace_pointer(const void* data) {

@@ -48,6 +48,8 @@ inline KernelShape kernel_shape(const Problem& pr) {
       .scale_log2 = pr.scale * kLog2e,
       .proxy_scale_log2 = pr.proxy_scale * kLog2e,
       .inv_rows = static_cast<float>(1.0 / (double(pr.batch) * pr.proxy_heads * pr.seqlen)),
+      .query_offset = static_cast<int>(pr.query_offset),
+      .queries = static_cast<int>(pr.queries()),
   };
 }
 
@@ -88,9 +90,10 @@ void carve_workspace(const Workspace& workspace, const Layout& layout,
 }
 
 // The token chunks of a sparse pass (forward or backward) and its workspace. A stage describes
-// its arrays by a layout function `layout(chunk, carver)` for chunks of `chunk` tokens per batch
-// row: the schedule's index and work items (which grow with S), accumulators over S, and the
-// per-token partial buffers (which grow with the chunk).
+// its arrays by a layout function `layout(chunk, carver)` for chunks of `chunk` query tokens per
+// batch row: the schedule's index and work items (which grow with S), accumulators over S, and
+// the per-token partial buffers (which grow with the chunk). Chunks cover the queries' positions
+// (all of S, or a query shard's).
 class SparsePlan {
  public:
   // The plan the launches follow, for a workspace of `bytes`: the largest chunk whose arrays fit,
@@ -100,8 +103,8 @@ class SparsePlan {
   template <class Layout>
   static SparsePlan for_workspace(const Problem& pr, size_t bytes, const Layout& layout,
                                   const char* sizing_function) {
-    const int64_t chunk = even_chunk(pr.seqlen, largest_chunk(pr, bytes, layout));
-    const int64_t smallest = std::min<int64_t>(pr.seqlen, kBlockSize);
+    const int64_t chunk = even_chunk(pr.queries(), largest_chunk(pr, bytes, layout));
+    const int64_t smallest = std::min<int64_t>(pr.queries(), kBlockSize);
     if (chunk < smallest)
       check_workspace_bytes(bytes, chunk_bytes(layout, smallest), sizing_function);
     return SparsePlan(pr, chunk);
@@ -112,12 +115,12 @@ class SparsePlan {
   // kDefaultChunkBytes of per-token partials (the whole sequence when that holds it).
   template <class Layout>
   static size_t workspace_bytes(const Problem& pr, int64_t max_chunk_tokens, const Layout& layout) {
-    const int64_t smallest = std::min<int64_t>(pr.seqlen, kBlockSize);
+    const int64_t smallest = std::min<int64_t>(pr.queries(), kBlockSize);
     const int64_t chunk =
         max_chunk_tokens > 0
             ? max_chunk_tokens / kBlockSize * kBlockSize
             : largest_chunk(pr, chunk_bytes(layout, smallest) + kDefaultChunkBytes, layout);
-    return chunk_bytes(layout, std::min(std::max(chunk, smallest), pr.seqlen));
+    return chunk_bytes(layout, std::min(std::max(chunk, smallest), pr.queries()));
   }
 
   // The stage's arrays in `workspace`, laid out for this plan's chunks.
@@ -132,8 +135,9 @@ class SparsePlan {
   template <class F>
   void for_each_chunk(const schedule::Index& index, void* items_workspace, cudaStream_t stream,
                       F&& f) const {
-    for (int64_t begin = 0; begin < shape_.seqlen; begin += chunk_tokens_) {
-      const int64_t end = std::min<int64_t>(shape_.seqlen, begin + chunk_tokens_);
+    const int64_t first = shape_.query_offset, last = first + shape_.queries;
+    for (int64_t begin = first; begin < last; begin += chunk_tokens_) {
+      const int64_t end = std::min<int64_t>(last, begin + chunk_tokens_);
       const schedule::Items items =
           schedule::build_items(schedule_, index, begin, end, items_workspace, stream);
       f(Chunk{static_cast<int>(begin), static_cast<int>(chunk_tokens_), static_cast<int>(end)},
@@ -150,7 +154,7 @@ class SparsePlan {
 
   SparsePlan(const Problem& pr, int64_t chunk_tokens)
       : shape_(kernel_shape(pr)),
-        schedule_{pr.batch, pr.seqlen, pr.proxy_heads, pr.top_k},
+        schedule_{pr.batch, pr.seqlen, pr.proxy_heads, pr.top_k, pr.query_offset, pr.queries()},
         chunk_tokens_(chunk_tokens) {}
 
   template <class Layout>
@@ -164,7 +168,7 @@ class SparsePlan {
   // slope.
   template <class Layout>
   static int64_t largest_chunk(const Problem& pr, size_t bytes, const Layout& layout) {
-    const int64_t S = pr.seqlen;
+    const int64_t S = pr.queries();
     if (chunk_bytes(layout, S) <= bytes) return S;
     const size_t first = chunk_bytes(layout, kBlockSize);
     const size_t per_block = chunk_bytes(layout, 2 * kBlockSize) - first;

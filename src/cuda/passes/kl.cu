@@ -19,18 +19,19 @@ __global__ void __launch_bounds__(kRowThreads) kl_rows_kernel(const MergeParams 
   const int64_t bp = x / tokens;
   const int b = static_cast<int>(bp / p.shape.proxy_heads), i = p.chunk.begin + t;
   const uint64_t slots =
-      schedule::valid_slots(p.indices + (bp * p.shape.seqlen + i) * p.shape.top_k, p.shape.top_k,
+      schedule::valid_slots(p.indices + p.shape.query_row(bp, i) * p.shape.top_k, p.shape.top_k,
                             i / 128, __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128);
   const float* part = p.kl_part + (bp * p.chunk.tokens + t) * p.shape.top_k;
   float kl = 0.f;
   for (uint64_t s = slots; s; s &= s - 1) kl += part[__ffsll(s) - 1];
-  p.kl_rows[bp * p.shape.seqlen + i] = kl;
+  p.kl_rows[p.shape.query_row(bp, i)] = kl;
 }
 
 // One CTA: thread t sums slots t, t + 1024, ... in order (fp64), then a fixed tree; the result
 // does not depend on scheduling, so repeated runs give the same bits.
 __global__ void __launch_bounds__(kReduceThreads)
-    kl_reduce_kernel(const float* __restrict__ partial, int64_t n, float* __restrict__ kl) {
+    kl_reduce_kernel(const float* __restrict__ partial, int64_t n, double inv_rows,
+                     float* __restrict__ kl) {
   __shared__ double sums[kReduceThreads];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += kReduceThreads) acc += partial[i];
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kReduceThreads)
     if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *kl = static_cast<float>(sums[0] / static_cast<double>(n));
+  if (threadIdx.x == 0) *kl = static_cast<float>(sums[0] * inv_rows);
 }
 
 }  // namespace
@@ -53,8 +54,11 @@ void launch_kl_rows(const MergeParams& params, cudaStream_t stream) {
   FLASH_MSA_CHECK_LAUNCH();
 }
 
-void launch_kl_reduce(const float* partial, int64_t n, float* kl, cudaStream_t stream) {
-  kl_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(partial, n, kl);
+void launch_kl_reduce(const float* partial, const KernelShape& shape, float* kl,
+                      cudaStream_t stream) {
+  const int64_t rows = int64_t(shape.batch) * shape.proxy_heads;
+  kl_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(partial, rows * shape.queries,
+                                                     1.0 / (double(rows) * shape.seqlen), kl);
   FLASH_MSA_CHECK_LAUNCH();
 }
 

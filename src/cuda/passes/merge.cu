@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   const int i = p.chunk.begin + t;
 
   const uint64_t slots = valid_slots<kChunks>(
-      p.indices + (bp * p.shape.seqlen + i) * p.shape.top_k, p.shape.top_k, i / 128,
+      p.indices + p.shape.query_row(bp, i) * p.shape.top_k, p.shape.top_k, i / 128,
       __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128, chunk);
   const int64_t ce0 = (bp * p.chunk.tokens + t) * p.shape.top_k;  // chunk-local edge of slot 0
   float w[64 / kChunks], v_proxy[64 / kChunks];
@@ -144,12 +144,12 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
   }
   if (!live) return;
   T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + head * p.out.stride_h +
-           i * p.out.stride_s + fragment_column(chunk);
+           p.shape.query_at(i) * p.out.stride_s + fragment_column(chunk);
 #pragma unroll
   for (int e = 0; e < 4; ++e)
     *reinterpret_cast<uint32_t*>(out + 8 * e) = Elem<T>::pack(acc[2 * e], acc[2 * e + 1]);
-  if (chunk == 0) p.lse[(int64_t(b) * p.shape.heads + head) * p.shape.seqlen + i] = lse2 * kLn2;
-  if (chunk == 0 && g == 0) p.lse_proxy[bp * p.shape.seqlen + i] = lse_p2 * kLn2;
+  if (chunk == 0) p.lse[p.shape.query_row(int64_t(b) * p.shape.heads + head, i)] = lse2 * kLn2;
+  if (chunk == 0 && g == 0) p.lse_proxy[p.shape.query_row(bp, i)] = lse_p2 * kLn2;
 }
 
 }  // namespace flash_msa::cuda::passes::merge

@@ -21,15 +21,15 @@ namespace flash_msa::cuda::passes {
 // Combines the partials of each token of a chunk (SPEC section 2): out, lse, and lse_proxy
 // from the proxy branch's partials; launch_kl_rows sums a row's KL terms.
 struct MergeParams {
-  MutView out;               // [B, H, S, D] strided
-  float* lse;                // [B, H, S] contiguous, natural log
-  float* lse_proxy;          // [B, Hp, S] contiguous, natural log
+  MutView out;               // [B, H, Sq, D] strided
+  float* lse;                // [B, H, Sq] contiguous, natural log
+  float* lse_proxy;          // [B, Hp, Sq] contiguous, natural log
   const void* o_part;        // [chunk edges, G, D] dtype (portable::SparseForwardParams)
   const float* lse_part;     // [chunk edges, G] log2 domain
   const float* lse_p_part;   // [chunk edges] log2 domain, the proxy branch's
   const float* kl_part;      // [chunk edges] KL terms of the block (launch_kl_rows only)
-  float* kl_rows;            // [B, Hp, S] KL term of each query row (launch_kl_rows only)
-  const int32_t* indices;    // [B, Hp, S, K] contiguous
+  float* kl_rows;            // [B, Hp, Sq] KL term of each query row (launch_kl_rows only)
+  const int32_t* indices;    // [B, Hp, Sq, K] contiguous
   const int32_t* doc_start;  // [B * S]
   KernelShape shape;
   Chunk chunk;
@@ -40,8 +40,9 @@ void launch_merge(const MergeParams& params, cudaStream_t stream);
 
 void launch_kl_rows(const MergeParams& params, cudaStream_t stream);
 
-// kl = sum(partial[0 .. n)) / n, in a fixed order; one CTA.
-void launch_kl_reduce(const float* partial, int64_t n, float* kl, cudaStream_t stream);
+// kl = sum of the B * Hp * Sq row terms `partial` / (B * Hp * S), in a fixed order; one CTA.
+void launch_kl_reduce(const float* partial, const KernelShape& shape, float* kl,
+                      cudaStream_t stream);
 
 // The teacher rows of a chunk (mean over the group's heads of P per edge) for the KL value:
 // the portable sparse backward kernel in teacher mode (reads q, k, index, items, lse).
@@ -52,9 +53,9 @@ void launch_teacher(const portable::SparseBackwardParams& params, cudaStream_t s
 
 // delta[b, h, i] = <out[b, h, i], dout[b, h, i]> in fp32.
 struct DeltaParams {
-  ConstView out;   // [B, H, S, D] strided
-  ConstView dout;  // [B, H, S, D] strided
-  float* delta;    // [B, H, S]
+  ConstView out;   // [B, H, Sq, D] strided
+  ConstView dout;  // [B, H, Sq, D] strided
+  float* delta;    // [B, H, Sq]
   KernelShape shape;
 };
 
@@ -63,8 +64,8 @@ struct DeltaParams {
 struct RowsReduceParams {
   const void* part;          // [chunk edges, rows, width] of Part (launch_rows_reduce), rows in
                              // fragment order (mma_sm80.cuh)
-  MutView dst;               // [B, Hp * rows, S, width] strided
-  const int32_t* indices;    // [B, Hp, S, K]
+  MutView dst;               // [B, Hp * rows, Sq, width] strided
+  const int32_t* indices;    // [B, Hp, Sq, K]
   const int32_t* doc_start;  // [B * S]
   float scale;
   int rows, width;  // rows per edge (G for dq, 1 for dqp), columns

@@ -25,13 +25,13 @@ unsigned blocks_for(int64_t threads) {
 template <class T>
 __global__ void __launch_bounds__(kThreads) delta_kernel(const DeltaParams p) {
   const int lanes = p.shape.head_dim / 8;
-  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.seqlen;
+  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.queries;
   const int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   // Lanes past the end stay (on the last row) for the segment's shuffles but store nothing.
   const int64_t row = min(x / lanes, rows - 1);
   const int c = static_cast<int>(x % lanes) * 8;
-  const int i = static_cast<int>(row % p.shape.seqlen);
-  const int64_t bh = row / p.shape.seqlen;
+  const int i = static_cast<int>(row % p.shape.queries);  // the query's index in the views
+  const int64_t bh = row / p.shape.queries;
   const int b = static_cast<int>(bh / p.shape.heads), h = static_cast<int>(bh % p.shape.heads);
   const uint4 o =
       *reinterpret_cast<const uint4*>(static_cast<const T*>(p.out.data) + b * p.out.stride_b +
@@ -87,8 +87,9 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
   float acc[8] = {};
   if (p.part) {
     const uint64_t slots =
-        schedule::valid_slots(p.indices + (bp * p.shape.seqlen + i) * p.shape.top_k, p.shape.top_k,
-                              i / 128, __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128);
+        schedule::valid_slots(p.indices + p.shape.query_row(bp, i) * p.shape.top_k,
+                              p.shape.top_k, i / 128,
+                              __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128);
     const int64_t ce0 = (bp * p.chunk.tokens + t) * p.shape.top_k;
     const Part* part = static_cast<const Part*>(p.part) + g * p.width + 8 * j;
     // Independent iterations, unrolled so that several loads are in flight.
@@ -102,7 +103,8 @@ __global__ void __launch_bounds__(kThreads) rows_reduce_kernel(const RowsReduceP
     }
   }
   T* dst = static_cast<T*>(p.dst.data) + b * p.dst.stride_b +
-           (int64_t(ph) * p.rows + g) * p.dst.stride_h + i * p.dst.stride_s + fragment_column(j);
+           (int64_t(ph) * p.rows + g) * p.dst.stride_h + p.shape.query_at(i) * p.dst.stride_s +
+           fragment_column(j);
 #pragma unroll
   for (int e = 0; e < 4; ++e)
     *reinterpret_cast<uint32_t*>(dst + 8 * e) =
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStorePar
 template <class T>
 void launch_delta(const DeltaParams& params, cudaStream_t stream) {
   delta_kernel<T><<<blocks_for(int64_t(params.shape.batch) * params.shape.heads *
-                               params.shape.seqlen * (params.shape.head_dim / 8)),
+                               params.shape.queries * (params.shape.head_dim / 8)),
                     kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }

@@ -108,15 +108,17 @@ __global__ void doc_start_kernel(const int32_t* __restrict__ cu_seqlens, int num
   doc_start[t] = start;
 }
 
-// One thread per index row (b, p, token): its K sort keys and the bucket counts.
+// One thread per index row (b, p, query): its K sort keys and the bucket counts. Entries hold
+// the query's position `token` (query_offset + its index).
 __global__ void edges_kernel(const int32_t* __restrict__ indices,
                              const int32_t* __restrict__ doc_start, int64_t rows, int seqlen,
-                             int proxy_heads, int top_k, int num_blocks,
-                             uint64_t* __restrict__ keys, int32_t* __restrict__ bucket_count) {
+                             int query_offset, int queries, int proxy_heads, int top_k,
+                             int num_blocks, uint64_t* __restrict__ keys,
+                             int32_t* __restrict__ bucket_count) {
   const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= rows) return;
-  const int token = static_cast<int>(row % seqlen);
-  const int64_t bp = row / seqlen;
+  const int token = query_offset + static_cast<int>(row % queries);
+  const int64_t bp = row / queries;
   const int b = static_cast<int>(bp / proxy_heads);
   const int32_t* idx = indices + row * top_k;
   const uint64_t mask =
@@ -188,6 +190,7 @@ Index build_index(const Shape& shape, const int32_t* indices, const int32_t* cu_
       a.bucket_count, 0, static_cast<size_t>(shape.buckets() + 1) * sizeof(int32_t), stream));
   edges_kernel<<<grid_of(shape.rows()), kThreads, 0, stream>>>(
       indices, a.doc_start, shape.rows(), static_cast<int>(shape.seqlen),
+      static_cast<int>(shape.query_offset), static_cast<int>(shape.queries),
       static_cast<int>(shape.proxy_heads), static_cast<int>(shape.top_k),
       static_cast<int>(shape.num_blocks()), a.keys_in, a.bucket_count);
   FLASH_MSA_CHECK_LAUNCH();

@@ -21,11 +21,12 @@ inline constexpr int kItemTokens = 256;  // tokens of one bucket per work item
 inline constexpr int kSlotBits = 6;      // an entry holds token << 6 | slot, so K <= 64
 inline constexpr int64_t kMaxTokens = int64_t(1) << (31 - kSlotBits);  // S < 2^25
 
-// The shape numbers the schedule depends on.
+// The shape numbers the schedule depends on: S key positions per batch row, and the queries at
+// positions [query_offset, query_offset + queries) (all of S without a query shard).
 struct Shape {
-  int64_t batch, seqlen, proxy_heads, top_k;
+  int64_t batch, seqlen, proxy_heads, top_k, query_offset, queries;
   int64_t num_blocks() const { return (seqlen + 127) / 128; }
-  int64_t rows() const { return batch * proxy_heads * seqlen; }           // (b, p, token)
+  int64_t rows() const { return batch * proxy_heads * queries; }          // (b, p, query)
   int64_t edges() const { return rows() * top_k; }                        // (b, p, token, slot)
   int64_t buckets() const { return batch * proxy_heads * num_blocks(); }  // (b, p, block)
 };
@@ -51,7 +52,7 @@ size_t items_workspace_bytes(const Shape& shape);
 // Upper bound of the items of a chunk of `chunk_tokens` tokens per batch row.
 int64_t max_items(const Shape& shape, int64_t chunk_tokens);
 
-// indices [B, Hp, S, K] contiguous; cu_seqlens [num_docs + 1] or null; `workspace` holds
+// indices [B, Hp, Sq, K] contiguous; cu_seqlens [num_docs + 1] or null; `workspace` holds
 // index_workspace_bytes(shape), 256-byte aligned.
 Index build_index(const Shape& shape, const int32_t* indices, const int32_t* cu_seqlens,
                   int64_t num_docs, void* workspace, cudaStream_t stream);

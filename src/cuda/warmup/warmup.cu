@@ -17,29 +17,29 @@ namespace {
 // The forward's one fp32 KL term per (b, p, i), with the KL value only.
 auto forward_layout(const Problem& pr, bool kl, float** kl_partial = nullptr) {
   return [&pr, kl, kl_partial](Carver& c) {
-    float* at = c.take<float>(kl ? pr.batch * pr.proxy_heads * pr.seqlen : 0);
+    float* at = c.take<float>(kl ? pr.batch * pr.proxy_heads * pr.queries() : 0);
     if (kl_partial) *kl_partial = at;
   };
 }
 
 // The backward's fp32 arrays: Delta, and dk / dv / dkp per proxy head before their reduction.
 struct BackwardBuffers {
-  float* delta;     // [B, H, S]
+  float* delta;     // [B, H, Sq]
   float* dk_part;   // [B, Hp, S, D]
   float* dv_part;   // [B, Hp, S, D]
   float* dkp_part;  // [B, Hp, S, Dp]
-  float* kl_rows;   // [B, Hp, S] (KL value only)
+  float* kl_rows;   // [B, Hp, Sq] (KL value only)
 };
 
 auto backward_layout(const Problem& pr, bool kl, BackwardBuffers* out = nullptr) {
   return [&pr, kl, out](Carver& c) {
     const int64_t rows = pr.batch * pr.proxy_heads * pr.seqlen;
     BackwardBuffers b{};
-    b.delta = c.take<float>(pr.batch * pr.heads * pr.seqlen);
+    b.delta = c.take<float>(pr.batch * pr.heads * pr.queries());
     b.dk_part = c.take<float>(rows * pr.head_dim);
     b.dv_part = c.take<float>(rows * pr.head_dim);
     b.dkp_part = c.take<float>(rows * pr.proxy_head_dim);
-    b.kl_rows = c.take<float>(kl ? rows : 0);
+    b.kl_rows = c.take<float>(kl ? pr.batch * pr.proxy_heads * pr.queries() : 0);
     if (out) *out = b;
   };
 }
@@ -83,8 +83,7 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
     portable::launch_forward<T, kD, kDp>(kp, stream);
   });
   if (params.kl)
-    passes::launch_kl_reduce(kl_partial, pr.batch * pr.proxy_heads * pr.seqlen, stats32(params.kl),
-                             stream);
+    passes::launch_kl_reduce(kl_partial, kp.shape, stats32(params.kl), stream);
 }
 
 void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream) {
@@ -123,8 +122,7 @@ void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStre
     portable::launch_backward<T, kD, kDp>(kp, stream);
   });
   if (params.kl)
-    passes::launch_kl_reduce(ws.kl_rows, pr.batch * pr.proxy_heads * pr.seqlen, stats32(params.kl),
-                             stream);
+    passes::launch_kl_reduce(ws.kl_rows, kp.shape, stats32(params.kl), stream);
 }
 
 }  // namespace flash_msa::cuda

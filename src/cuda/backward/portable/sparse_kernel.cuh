@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
   const uint64_t* entries = p.index.entries;
   const int32_t* doc_start = p.index.doc_start + int64_t(b) * p.shape.seqlen;
-  const int64_t stats =
-      (int64_t(b) * p.shape.heads + head0) * p.shape.seqlen;  // lse / delta of head0
+  // lse / delta of head0 at position 0 (query_row of head0 + g at position t: + g Sq + t).
+  const int64_t stats = p.shape.query_row(int64_t(b) * p.shape.heads + head0, 0);
 
   copy_rows_async<kKeys, kD, kThreads>(
       s_k,
@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
         [&](int r) -> const T* {
           const int token = token_of(r);
           return token < 0 ? nullptr
-                           : q + (r % p.shape.group) * p.q.stride_h + token * p.q.stride_s;
+                           : q + (r % p.shape.group) * p.q.stride_h +
+                                 p.shape.query_at(token) * p.q.stride_s;
         },
         q);
     if (!kTeacherOnly)
@@ -107,7 +108,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
             const int token = token_of(r);
             return token < 0
                        ? nullptr
-                       : dout + (r % p.shape.group) * p.dout.stride_h + token * p.dout.stride_s;
+                       : dout + (r % p.shape.group) * p.dout.stride_h +
+                             p.shape.query_at(token) * p.dout.stride_s;
           },
           dout);
     cp_async_commit();
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const SparseBackw
       if (r < live_rows) {
         query[h] = schedule::entry_token(entries[e0 + r / p.shape.group]);
         first[h] = __ldg(doc_start + query[h]);
-        const int64_t at = stats + int64_t(r % p.shape.group) * p.shape.seqlen + query[h];
+        const int64_t at = stats + int64_t(r % p.shape.group) * p.shape.queries + query[h];
         lse2[h] = __ldg(p.lse + at) * kLog2e;
         if (!kTeacherOnly) delta[h] = __ldg(p.delta + at);
       }

@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + head0 * p.q.stride_h;
   const T* dout =
       static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + head0 * p.dout.stride_h;
-  const int64_t stats =
-      (int64_t(b) * p.shape.heads + head0) * p.shape.seqlen;  // lse / delta of head0
+  // lse / delta of head0 at position 0 (query_row of head0 + g at position t: + g Sq + t).
+  const int64_t stats = p.shape.query_row(int64_t(b) * p.shape.heads + head0, 0);
 
   // Keys past the sequence: zeros (their address clamped to the last key).
   auto key_row = [&](int r, bool& valid) {
@@ -110,21 +110,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     copy_rows_sw128<kRows, kD, kThreads>(
         smem + Smem::kQ + buf * Smem::kTile,
         [&](int r, bool& valid) {
-          return q + tile_rows.row[r].head * p.q.stride_h + row_token(t0, r, valid) * p.q.stride_s;
+          return q + tile_rows.row[r].head * p.q.stride_h +
+                 p.shape.query_at(row_token(t0, r, valid)) * p.q.stride_s;
         },
         threadIdx.x);
     copy_rows_sw128<kRows, kD, kThreads>(
         smem + Smem::kDout + buf * Smem::kTile,
         [&](int r, bool& valid) {
           return dout + tile_rows.row[r].head * p.dout.stride_h +
-                 row_token(t0, r, valid) * p.dout.stride_s;
+                 p.shape.query_at(row_token(t0, r, valid)) * p.dout.stride_s;
         },
         threadIdx.x);
     if (threadIdx.x < 2 * kRows) {
       const int r = threadIdx.x % kRows, which = threadIdx.x / kRows;
       bool valid;
       const uint32_t token = row_token(t0, r, valid);
-      const int64_t at = stats + int64_t(tile_rows.row[r].head) * p.shape.seqlen + token;
+      const int64_t at = stats + int64_t(tile_rows.row[r].head) * p.shape.queries + token;
       cp_async_4(&row_stats[buf][which][r], (which == 0 ? p.lse : p.delta) + at, valid);
     }
     cp_async_commit();

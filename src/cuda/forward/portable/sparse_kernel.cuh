@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(const SparseForwar
           const int t = r / p.shape.group;
           if (t >= tile_tokens || e0 + t >= item.end) return nullptr;
           const int token = schedule::entry_token(entries[e0 + t]);
-          return q + (r % p.shape.group) * p.q.stride_h + token * p.q.stride_s;
+          return q + (r % p.shape.group) * p.q.stride_h + p.shape.query_at(token) * p.q.stride_s;
         },
         q);
     cp_async_commit();

@@ -124,7 +124,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           q_buffer(i),
           [&](int r, bool& valid) {
             return q + tile_rows.row[r].head * p.q.stride_h +
-                   tile_rows.token_of(rows, t0, r, item_rows, valid) * p.q.stride_s;
+                   p.shape.query_at(tile_rows.token_of(rows, t0, r, item_rows, valid)) *
+                       p.q.stride_s;
           },
           wt);
     } else if (i - my_tiles < my_proxy_tiles) {
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           q_buffer(i),
           [&](int r, bool& valid) {
             valid = t0 + r < item_rows;
-            return qp + rows.token[min(t0 + r, item_rows - 1)] * p.qp.stride_s;
+            return qp + p.shape.query_at(rows.token[min(t0 + r, item_rows - 1)]) * p.qp.stride_s;
           },
           wt);
     }

@@ -92,7 +92,9 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
     copy_rows_async<kRows, kDp, kThreads>(
         smem + Smem::kQp + buf * kRows * kDp,
         [&](int r) -> const T* {
-          return t0 + r < item_rows ? qp + rows.token[t0 + r] * p.qp.stride_s : nullptr;
+          return t0 + r < item_rows
+                     ? qp + p.shape.query_at(rows.token[t0 + r]) * p.qp.stride_s
+                     : nullptr;
         },
         qp);
     if constexpr (kTeacher) {
@@ -101,7 +103,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
         const bool live = t0 + r < item_rows;
         cp_async_4(
             &s_lse[buf][r],
-            p.lse_proxy + int64_t(item.bp) * p.shape.seqlen + (live ? rows.token[t0 + r] : 0),
+            p.lse_proxy + p.shape.query_row(item.bp, live ? rows.token[t0 + r]
+                                                          : p.shape.query_offset),
             live);
       }
 #pragma unroll 4

@@ -38,15 +38,16 @@ struct SelectTile {
   }
 };
 
-// Copies `rows_valid` rows of a 128-row tile into shared memory; missing rows are zero-filled.
+// Copies rows [lo, hi) of a 128-row tile into shared memory, row r from gmem + (r - lo) rows;
+// the other rows are zero-filled.
 template <class T, int kDp>
-__device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t stride_s,
-                                          int rows_valid) {
+__device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t stride_s, int lo,
+                                          int hi) {
   using Tile = SelectTile<kDp>;
   for (int x = threadIdx.x; x < kSelectBlockM * Tile::kChunks; x += kSelectThreads) {
     const int row = x / Tile::kChunks, chunk = x % Tile::kChunks;
-    const bool valid = row < rows_valid;
-    const T* src = valid ? gmem + row * stride_s + chunk * 8 : gmem;
+    const bool valid = row >= lo && row < hi;
+    const T* src = valid ? gmem + (row - lo) * stride_s + chunk * 8 : gmem;
     cp_async_16(smem + Tile::offset(row, chunk), src, valid);
   }
 }
@@ -166,26 +167,29 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   int2* entries = reinterpret_cast<int2*>(smem + plan.entries_offset());
   int32_t* fills = reinterpret_cast<int32_t*>(smem + plan.fill_offset());
 
-  // Heaviest tiles (largest causal bound) first, all heads of a tile together.
+  // Tiles of the 128 positions of a key block, over the blocks holding queries; heaviest tiles
+  // (largest causal bound) first, all heads of a tile together. Rows [lo, hi) of the tile are
+  // queries (all of it but at the ends of a query shard).
   const int heads = p.shape.batch * p.shape.proxy_heads;
-  const int tile = p.shape.num_blocks - 1 - static_cast<int>(blockIdx.x / heads);
+  const int q_end = p.shape.query_offset + p.shape.queries;
+  const int tile = (q_end - 1) / kSelectBlockM - static_cast<int>(blockIdx.x / heads);
   const int bh = static_cast<int>(blockIdx.x % heads);
   const int b = bh / p.shape.proxy_heads, h = bh % p.shape.proxy_heads;
   const int m0 = tile * kSelectBlockM;
-  const int rows_valid = min(kSelectBlockM, p.shape.seqlen - m0);
+  const int lo = max(p.shape.query_offset - m0, 0), hi = min(kSelectBlockM, q_end - m0);
 
-  const T* q_gmem =
-      static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + h * p.qp.stride_h + m0 * p.qp.stride_s;
+  const T* q_gmem = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + h * p.qp.stride_h +
+                    int64_t(p.shape.query_at(m0 + lo)) * p.qp.stride_s;
   const T* k_gmem = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b +
                     (h / p.shape.proxy_group) * p.kp.stride_h;
 
   const int n_first = doc_start(p, b, m0) / kBlockKeys;
-  const int lo_last = doc_start(p, b, m0 + rows_valid - 1);
+  const int lo_last = doc_start(p, b, m0 + hi - 1);
 
-  load_tile<T, kDp>(qtile, q_gmem, p.qp.stride_s, rows_valid);
+  load_tile<T, kDp>(qtile, q_gmem, p.qp.stride_s, lo, hi);
   cp_async_commit();
   load_tile<T, kDp>(ktile(0), k_gmem + int64_t(n_first) * kBlockKeys * p.kp.stride_s, p.kp.stride_s,
-                    min(kBlockKeys, p.shape.seqlen - n_first * kBlockKeys));
+                    0, min(kBlockKeys, p.shape.seqlen - n_first * kBlockKeys));
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -200,7 +204,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   const int my_slot = lane & 3;
   const int my_row = warp * Tile::kWarpRows + (my_slot >> 1) * 16 + (lane >> 2) + (my_slot & 1) * 8;
   TopKList list{entries + my_row, p.shape.top_k};
-  if (my_row >= rows_valid) list.thr = INFINITY;  // padding rows never insert
+  if (my_row < lo || my_row >= hi) list.thr = INFINITY;  // rows that are no query never insert
 
   cp_async_wait<1>();
   __syncthreads();
@@ -218,7 +222,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
     const int buf = (n - n_first) & 1;
     if (n < tile) {
       const int next = (n + 1) * kBlockKeys;
-      load_tile<T, kDp>(ktile(buf ^ 1), k_gmem + int64_t(next) * p.kp.stride_s, p.kp.stride_s,
+      load_tile<T, kDp>(ktile(buf ^ 1), k_gmem + int64_t(next) * p.kp.stride_s, p.kp.stride_s, 0,
                         min(kBlockKeys, p.shape.seqlen - next));
     }
     cp_async_commit();
@@ -254,10 +258,10 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   __syncthreads();
   // Sorted output: a kept block's slot is the number of kept blocks below it; the rest are -1.
   const int k = p.shape.top_k;
-  for (int x = threadIdx.x; x < rows_valid * k; x += kSelectThreads) {
-    const int row = x / k, slot = x % k;
-    int32_t* out =
-        p.indices + ((int64_t(b) * p.shape.proxy_heads + h) * p.shape.seqlen + m0 + row) * k;
+  for (int x = threadIdx.x; x < (hi - lo) * k; x += kSelectThreads) {
+    const int row = lo + x / k, slot = x % k;
+    int32_t* out = p.indices +
+                   p.shape.query_row(int64_t(b) * p.shape.proxy_heads + h, m0 + row) * k;
     const int fill = fills[row];
     if (slot >= fill) {
       out[slot] = -1;
@@ -275,8 +279,10 @@ void launch_select(const SelectKernelParams& params, cudaStream_t stream) {
   const size_t smem = SelectSmemPlan{kDp, params.shape.top_k}.bytes();
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(
       select_kernel<T, kDp>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const unsigned grid = static_cast<unsigned>(params.shape.num_blocks) * params.shape.batch *
-                        params.shape.proxy_heads;
+  const int q_end = params.shape.query_offset + params.shape.queries;
+  const int tiles = (q_end - 1) / kSelectBlockM - params.shape.query_offset / kSelectBlockM + 1;
+  const unsigned grid =
+      static_cast<unsigned>(tiles) * params.shape.batch * params.shape.proxy_heads;
   select_kernel<T, kDp><<<grid, kSelectThreads, smem, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }

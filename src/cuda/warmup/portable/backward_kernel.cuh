@@ -136,12 +136,12 @@ template <class T, int kD>
 __global__ void delta_kernel(const BackwardKernelParams p) {
   constexpr int kChunks = kD / 8;
   const int lane = threadIdx.x % 32;
-  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.seqlen;
+  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.queries;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
-    const int i = static_cast<int>(r % p.shape.seqlen);
-    const int h = static_cast<int>((r / p.shape.seqlen) % p.shape.heads);
-    const int b = static_cast<int>(r / (int64_t(p.shape.seqlen) * p.shape.heads));
+    const int i = static_cast<int>(r % p.shape.queries);  // the query's index in the views
+    const int h = static_cast<int>((r / p.shape.queries) % p.shape.heads);
+    const int b = static_cast<int>(r / (int64_t(p.shape.queries) * p.shape.heads));
     float acc = 0.f;
     if (lane < kChunks) {
       const T* o = static_cast<const T*>(p.out.data) + b * p.out.stride_b + h * p.out.stride_h +
@@ -177,9 +177,10 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   constexpr int kC = kD / 8, kPC = kDp / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int i = blockIdx.x * kDqWarps + warp;
+  const int qi = blockIdx.x * kDqWarps + warp;  // the query's index in the query-side views
   const int pr = blockIdx.y, b = blockIdx.z;
-  if (i >= p.shape.seqlen) return;  // warp-uniform; the kernel has no CTA-wide barrier
+  if (qi >= p.shape.queries) return;  // warp-uniform; the kernel has no CTA-wide barrier
+  const int i = p.shape.query_offset + qi;  // its position
   T* sQ = reinterpret_cast<T*>(smem_raw) + warp * DqConfig<kD, kDp>::kWarpElems;
   T* sdO = sQ + 16 * kD;
   T* sQp = sdO + 16 * kD;
@@ -193,15 +194,15 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   const int own = i / kBlockKeys;
 
   load_rows<kC>(
-      sQ, static_cast<const T*>(p.q.data) + b * p.q.stride_b + h0 * p.q.stride_h + i * p.q.stride_s,
+      sQ, static_cast<const T*>(p.q.data) + b * p.q.stride_b + h0 * p.q.stride_h + qi * p.q.stride_s,
       p.q.stride_h, 16, G, lane, 32);
   load_rows<kC>(sdO,
                 static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + h0 * p.dout.stride_h +
-                    i * p.dout.stride_s,
+                    qi * p.dout.stride_s,
                 p.dout.stride_h, 16, G, lane, 32);
   load_rows<kPC>(
       sQp,
-      static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + pr * p.qp.stride_h + i * p.qp.stride_s,
+      static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + pr * p.qp.stride_h + qi * p.qp.stride_s,
       0, 16, 1, lane, 32);
   cp_async_commit();
 
@@ -210,12 +211,12 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r_hi : r_lo;
-    const int64_t row = (int64_t(b) * p.shape.heads + h0 + r) * p.shape.seqlen + i;
+    const int64_t row = p.shape.query_row(int64_t(b) * p.shape.heads + h0 + r, i);
     lse2[half] = r < G ? __ldg(p.lse + row) * kLog2e : 0.f;
     delta[half] = r < G ? p.delta[row] : 0.f;
   }
   const float lsep2 =
-      __ldg(p.lse_proxy + (int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen + i) * kLog2e;
+      __ldg(p.lse_proxy + p.shape.query_row(int64_t(b) * p.shape.proxy_heads + pr, i)) * kLog2e;
   const float sl2 = p.shape.scale * kLog2e, psl2 = p.shape.proxy_scale * kLog2e;
   const float wscale = read_weight(p);
   const float inv_g = 1.f / G;
@@ -338,10 +339,10 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   cp_async_wait<0>();  // Q/dO were never waited on when the walk was empty
   if (p.kl_rows) {  // warp-uniform
     kl = quad_sum(kl);
-    if (lane == 0) p.kl_rows[(int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen + i] = kl;
+    if (lane == 0) p.kl_rows[p.shape.query_row(int64_t(b) * p.shape.proxy_heads + pr, i)] = kl;
   }
 
-  T* dqb = static_cast<T*>(p.dq.data) + b * p.dq.stride_b + h0 * p.dq.stride_h + i * p.dq.stride_s;
+  T* dqb = static_cast<T*>(p.dq.data) + b * p.dq.stride_b + h0 * p.dq.stride_h + qi * p.dq.stride_s;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r_hi : r_lo;
@@ -356,7 +357,7 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
   if (lane < 4) {
     const float proxy_w = p.shape.proxy_scale * wscale;
     T* dqpb =
-        static_cast<T*>(p.dqp.data) + b * p.dqp.stride_b + pr * p.dqp.stride_h + i * p.dqp.stride_s;
+        static_cast<T*>(p.dqp.data) + b * p.dqp.stride_b + pr * p.dqp.stride_h + qi * p.dqp.stride_s;
 #pragma unroll
     for (int nt = 0; nt < kDp / 8; ++nt) {
       const int c = nt * 8 + 2 * lane;
@@ -442,11 +443,13 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
   const T* dobase = static_cast<const T*>(p.dout.data) + b * p.dout.stride_b;
   const T* qpbase = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + pr * p.qp.stride_h;
 
-  for (int win = key_base; win < p.shape.seqlen; win += Cfg::kWindow) {
+  // The queries at positions from the block on (tokens at positions; q-side reads at query_at).
+  const int q_end = p.shape.query_offset + p.shape.queries;
+  for (int win = max(key_base, p.shape.query_offset); win < q_end; win += Cfg::kWindow) {
     const int tok = win + tid;
     bool member = false;
     int ds = 0;
-    if (tok < p.shape.seqlen) {
+    if (tok < q_end) {
       ds = doc_start_of(p.cu_seqlens, p.shape.num_docs, b, tok, p.shape.seqlen);
       member = key_base + kBlockKeys > ds;
     }
@@ -478,15 +481,16 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
           const int r = cc / kC, chunk = cc % kC;
           const bool ok = r < m;
           const int tr = ok ? list_tok[g0 + r] : 0;
-          const T* src = is_do ? dobase + h * p.dout.stride_h + tr * p.dout.stride_s
-                               : qbase + h * p.q.stride_h + tr * p.q.stride_s;
+          const int qr = ok ? p.shape.query_at(tr) : 0;
+          const T* src = is_do ? dobase + h * p.dout.stride_h + qr * p.dout.stride_s
+                               : qbase + h * p.q.stride_h + qr * p.q.stride_s;
           cp_async_16((is_do ? sdO : sQ) + swizzle<kC>(r, chunk) * 8, src + chunk * 8, ok);
         }
         cp_async_commit();
         if (tid < kGroupTokens) {
           const bool ok = tid < m;
-          const int tr = ok ? list_tok[g0 + tid] : 0;
-          const int64_t row = (int64_t(b) * p.shape.heads + h) * p.shape.seqlen + tr;
+          const int tr = ok ? list_tok[g0 + tid] : p.shape.query_offset;
+          const int64_t row = p.shape.query_row(int64_t(b) * p.shape.heads + h, tr);
           s_lse2[tid] = ok ? __ldg(p.lse + row) * kLog2e : 0.f;
           s_delta[tid] = ok ? p.delta[row] : 0.f;
           s_tok[tid] = ok ? tr : -1;  // -1: no key is <= it, so the column is masked
@@ -537,17 +541,17 @@ __global__ void __launch_bounds__(kKvThreads) dkv_kernel(const BackwardKernelPar
       for (int c = tid; c < kGroupTokens * kPC; c += kKvThreads) {
         const int r = c / kPC, chunk = c % kPC;
         const bool ok = r < m;
-        const int tr = ok ? list_tok[g0 + r] : 0;
-        cp_async_16(sQp + swizzle<kPC>(r, chunk) * 8, qpbase + tr * p.qp.stride_s + chunk * 8, ok);
+        const int qr = ok ? p.shape.query_at(list_tok[g0 + r]) : 0;
+        cp_async_16(sQp + swizzle<kPC>(r, chunk) * 8, qpbase + qr * p.qp.stride_s + chunk * 8, ok);
       }
       cp_async_commit();
       if (tid < kGroupTokens) {
         const bool ok = tid < m;
-        const int tr = ok ? list_tok[g0 + tid] : 0;
-        s_lsep2[tid] = ok ? __ldg(p.lse_proxy +
-                                  (int64_t(b) * p.shape.proxy_heads + pr) * p.shape.seqlen + tr) *
-                                kLog2e
-                          : 0.f;
+        const int tr = ok ? list_tok[g0 + tid] : p.shape.query_offset;
+        s_lsep2[tid] =
+            ok ? __ldg(p.lse_proxy + p.shape.query_row(int64_t(b) * p.shape.proxy_heads + pr, tr)) *
+                     kLog2e
+               : 0.f;
         s_tok[tid] = ok ? tr : -1;
         s_ds[tid] = ok ? list_ds[g0 + tid] : 0;
       }

@@ -14,7 +14,7 @@ void launch_backward(const BackwardKernelParams& p, cudaStream_t stream) {
   using namespace backward;
   constexpr int kThreads = 256;
   constexpr int64_t kMaxBlocks = 1 << 16;  // grid-stride loops cover the rest
-  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.seqlen;
+  const int64_t rows = int64_t(p.shape.batch) * p.shape.heads * p.shape.queries;
   const int64_t delta_blocks =
       std::min<int64_t>((rows + kThreads / 32 - 1) / (kThreads / 32), kMaxBlocks);
   delta_kernel<T, kD><<<static_cast<unsigned>(delta_blocks), kThreads, 0, stream>>>(p);
@@ -23,7 +23,7 @@ void launch_backward(const BackwardKernelParams& p, cudaStream_t stream) {
   constexpr int kDqSmem = DqConfig<kD, kDp>::kSmemBytes;
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<T, kD, kDp>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem));
-  const dim3 dq_grid((p.shape.seqlen + kDqWarps - 1) / kDqWarps, p.shape.proxy_heads,
+  const dim3 dq_grid((p.shape.queries + kDqWarps - 1) / kDqWarps, p.shape.proxy_heads,
                      p.shape.batch);
   dq_kernel<T, kD, kDp><<<dq_grid, kDqWarps * 32, kDqSmem, stream>>>(p);
   FLASH_MSA_CHECK_LAUNCH();

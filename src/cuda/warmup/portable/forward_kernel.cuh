@@ -172,8 +172,9 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int query = blockIdx.x * Cfg::kWarps + warp;
-  if (query >= p.shape.seqlen) return;  // warps share nothing, so an idle warp may leave
+  const int qi = blockIdx.x * Cfg::kWarps + warp;  // index of the query in the query-side views
+  if (qi >= p.shape.queries) return;  // warps share nothing, so an idle warp may leave
+  const int query = p.shape.query_offset + qi;  // its position
   const int ph = blockIdx.y;
   const int b = blockIdx.z;
 
@@ -197,12 +198,12 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   const int head0 = ph * p.shape.group;
   const int kv_head = head0 / p.shape.kv_group;
   const int pk_head = ph / p.shape.proxy_group;
-  const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + query * p.q.stride_s;
+  const T* q = static_cast<const T*>(p.q.data) + b * p.q.stride_b + qi * p.q.stride_s;
   const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kv_head * p.k.stride_h;
   const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kv_head * p.v.stride_h;
   const T* kp = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + pk_head * p.kp.stride_h;
   const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + ph * p.qp.stride_h +
-                query * p.qp.stride_s;
+                qi * p.qp.stride_s;
 
   const int r_lo = lane / 4;
   const int r_hi = r_lo + 8;
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   uint32_t qpf[kDp / 16][4];
   load_a_fragments<T, kDp>(qpf, r_lo == 0 ? qp : nullptr, nullptr, lane);
 
-  const int64_t row = (int64_t(b) * p.shape.proxy_heads + ph) * p.shape.seqlen + query;
+  const int64_t row = p.shape.query_row(int64_t(b) * p.shape.proxy_heads + ph, query);
   const TileWalk walk0{doc_start / kBlockKeys, query / kBlockKeys, doc_start, query};
 
   auto load_stage = [&](int stage, int key0, bool with_v) {
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
   const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
   const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
 
-  T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + query * p.out.stride_s;
+  T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + qi * p.out.stride_s;
   const int col = 2 * (lane % 4);
   if (r_lo < p.shape.group) {
     T* orow = out + (head0 + r_lo) * p.out.stride_h;
@@ -307,7 +308,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + col) =
           Elem<T>::pack(o[dt][0] * inv_lo, o[dt][1] * inv_lo);
     if (lane % 4 == 0)
-      p.lse[(int64_t(b) * p.shape.heads + head0 + r_lo) * p.shape.seqlen + query] =
+      p.lse[p.shape.query_row(int64_t(b) * p.shape.heads + head0 + r_lo, query)] =
           l_lo > 0.f ? lse2_lo * kLn2 : -INFINITY;
   }
   if (r_hi < p.shape.group) {
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + col) =
           Elem<T>::pack(o[dt][2] * inv_hi, o[dt][3] * inv_hi);
     if (lane % 4 == 0)
-      p.lse[(int64_t(b) * p.shape.heads + head0 + r_hi) * p.shape.seqlen + query] =
+      p.lse[p.shape.query_row(int64_t(b) * p.shape.heads + head0 + r_hi, query)] =
           l_hi > 0.f ? lse2_hi * kLn2 : -INFINITY;
   }
   if (lane == 0) p.lse_proxy[row] = lp_row0 > 0.f ? lse2_p * kLn2 : -INFINITY;
@@ -381,7 +382,7 @@ void launch_forward(const ForwardKernelParams& params, cudaStream_t stream) {
   const auto kernel = forward_kernel<T, kD, kDp>;
   FLASH_MSA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const dim3 grid((params.shape.seqlen + Cfg::kWarps - 1) / Cfg::kWarps, params.shape.proxy_heads,
+  const dim3 grid((params.shape.queries + Cfg::kWarps - 1) / Cfg::kWarps, params.shape.proxy_heads,
                   params.shape.batch);
   kernel<<<grid, Cfg::kWarps * 32, Cfg::kSmemBytes, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
