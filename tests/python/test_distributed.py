@@ -3,8 +3,12 @@ the sharded op equals the single-process op on the same global inputs, for both 
 documents crossing shard boundaries, B > 1 and K above the shard's block count; bad input raises
 ValueError on every rank instead of hanging."""
 
+import datetime
+import json
 import os
 import socket
+import subprocess
+import sys
 import traceback
 
 import pytest
@@ -13,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import flash_msa
+from conftest import REPO
 from flash_msa import distributed as fd
 
 # (B, S, H, Hk, Hp, Hpk, D, Dp): S = 768 splits into 8 chunks of 96 tokens (shard boundaries
@@ -30,13 +35,16 @@ def _free_port() -> int:
 def _entry(rank, world, port, fn, args, errors):
     os.environ["FLASH_MSA_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    # A rank stuck in a collective that its peer never joins fails after a minute, not never.
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         fn(rank, world, *args)
     except BaseException:  # reported by the parent, which fails the test
         errors[rank] = traceback.format_exc()
     finally:
+        # Every rank's collectives are over before any rank tears its gloo pairs down.
+        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -202,22 +210,30 @@ def test_query_offset_checks():
                        whole[:, :, 300:556])
 
 
-def test_torchrun_benchmark_runs_on_gloo(tmp_path):
-    """bench/cp_bench.py under torchrun, two CPU processes (the multi-GPU benchmark's code path
-    on the gloo backend)."""
-    import json
-    import subprocess
-    import sys
-    from conftest import REPO
-
-    out = tmp_path / "cp.json"
+def _torchrun(script: str, *args: str) -> subprocess.CompletedProcess:
+    """`script` (relative to the repository) under torchrun, two CPU processes."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           f"--master-port={_free_port()}", str(REPO / "bench" / "cp_bench.py"), "--device",
-           "cpu", "--seqlen", "1K", "--heads", "4,2,2,1", "--dim", "32", "--top-k", "384",
-           "--steps", "1", "--out", str(out)]
+           f"--master-port={_free_port()}", str(REPO / script), "--device", "cpu", *args]
     env = dict(os.environ, FLASH_MSA_NUM_THREADS="1", OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_torchrun_benchmark_runs_on_gloo(tmp_path):
+    """bench/cp_bench.py under torchrun (the multi-GPU benchmark's code path on gloo)."""
+    out = tmp_path / "cp.json"
+    _torchrun("bench/cp_bench.py", "--seqlen", "1K", "--heads", "4,2,2,1", "--dim", "32",
+              "--top-k", "384", "--steps", "1", "--out", str(out))
     report = json.loads(out.read_text())
     assert report["world"] == 2 and report["backend"] == "gloo"
     assert report["step_ms"] > 0 and report["kl_value"] > 0
+
+
+def test_context_parallel_example_trains_on_gloo():
+    """examples/context_parallel.py (DeviceMesh, MSAAttention) under torchrun: the loss and the
+    KL value of the whole sequence are printed and finite."""
+    done = _torchrun("examples/context_parallel.py", "--seqlen", "1K", "--steps", "2")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert len(lines) == 2, done.stdout
+    assert all("nan" not in line for line in lines), lines
