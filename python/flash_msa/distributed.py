@@ -158,12 +158,16 @@ class ContextParallel:
         dist.all_reduce(x, group=self.group)
         return x
 
-    def _check_ranks(self, meta: list[int]) -> None:
+    def _gpus_only(self) -> bool:
+        """The group's backend runs CUDA tensors only (NCCL without gloo)."""
+        backend = str(dist.get_backend(self.group)).lower()
+        return "nccl" in backend and "gloo" not in backend
+
+    def _check_ranks(self, meta: list[int], device: torch.device) -> None:
+        """Compares `meta` across the ranks, with a tensor on `device` (the inputs' device,
+        which the group's backend runs)."""
         if self.check == "never" or (self.check == "first" and self._checked):
             return
-        device = torch.device("cpu")
-        if dist.get_backend(self.group) == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
         mine = torch.tensor(meta, dtype=torch.int64, device=device)
         every = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(every, mine, group=self.group)
@@ -286,7 +290,7 @@ def msa_func(
     top_k_blocks = None if warmup else _check_top_k(top_k) // BLOCK_SIZE
     local = q.shape[2]
     cp.segments(local * cp.world)  # the layout's constraint on the length
-    if dist.get_backend(cp.group) == "nccl" and q.device.type != "cuda":
+    if cp._gpus_only() and q.device.type != "cuda":
         _fail(f"context parallel: the group's backend is NCCL but the tensors are on {q.device}")
     if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
         total = q.shape[0] * local * cp.world
@@ -297,7 +301,7 @@ def msa_func(
         q.shape[0], local, q.shape[1], k.shape[1], q_proxy.shape[1], k_proxy.shape[1],
         q.shape[3], q_proxy.shape[3], _DTYPE_CODES[q.dtype], top_k_blocks or 0,
         LAYOUTS.index(cp.layout), -1 if cu_seqlens is None else cu_seqlens.numel(),
-    ])
+    ], q.device)
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     out, kl = _ContextParallelMSA.apply(q_proxy, k_proxy, q, k, v, cp, top_k_blocks, main_scale,
                                         proxy, cu_seqlens, bool(compute_kl), kl_out)
