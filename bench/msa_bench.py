@@ -11,7 +11,8 @@ Measures, on the paper's heads (H=64, Hk=4, Hp=4, Hpk=1, D=Dp=128, K=16 blocks),
   - peers on the same tensors: cuDNN and FlashAttention-2 dense causal attention through torch
     SDPA (kv heads repeated to 64), FlexAttention with a block mask of the same per-query-block
     budget (16 blocks of 128 keys per 128-query block: the own block and 15 random earlier
-    ones), and MSA composed from plain torch ops (chunked proxy scores, block max, torch.topk,
+    ones) and flash-msa's sparse attention on that very block mask (as per-token indices:
+    identical work, outputs compared), and MSA composed from plain torch ops (chunked proxy scores, block max, torch.topk,
     masked SDPA) where it fits in memory;
   - the same stages on selections drawn to follow what the trained example model selects
     (neighbours sharing blocks, near blocks, a sink block; bench/trained_selection.py), next to
@@ -167,7 +168,22 @@ def random_block_mask_indices(batch, seqlen, gen):
     return chosen.sum(-1).to(torch.int32), idx.to(torch.int32)
 
 
-def run_flex(q, k, v, dout, gen):
+def per_token_indices(count, idx, seqlen):
+    """The block mask as flash-msa's per-token indices [B, Hp, S, K]: every token of a
+    128-query block selects the block's blocks (ascending, -1 padded)."""
+    batch, _, nb, _ = idx.shape
+    first = F.pad(idx[:, 0, :, :K], (0, max(0, K - nb)), value=-1)  # [B, nb, K]
+    slots = torch.arange(K, device="cuda")
+    blocks = torch.where(slots < count[:, 0, :, None], first, -1)
+    tokens = blocks.repeat_interleave(BS, dim=1)[:, :seqlen]
+    return tokens[:, None].expand(batch, HP, seqlen, K).contiguous().to(torch.int32)
+
+
+def run_flex(qp, kp, q, k, v, dout, gen):
+    """FlexAttention on a random block mask (16 blocks per 128-query block), and flash-msa's
+    sparse attention on the same blocks given as per-token indices (identical work: main
+    attention over the same keys; flash-msa also computes the proxy lse in the forward, and
+    its backward runs without the proxy gradient, as Flex has none)."""
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     batch, _, seqlen, _ = q.shape
@@ -191,7 +207,31 @@ def run_flex(q, k, v, dout, gen):
     # The forward runs with gradients enabled too: one compiled graph serves both timings.
     step_ms = time_ms(step, iters=5, warmup=2)
     fwd_ms = time_ms(fwd, iters=5, warmup=1)
-    return {"forward": entry(fwd_ms, flop), "step": entry(step_ms, 3.5 * flop)}
+    flex_result = {"forward": entry(fwd_ms, flop), "step": entry(step_ms, 3.5 * flop)}
+
+    indices = per_token_indices(count, idx, seqlen)
+    tensors = (qp, kp, q.detach(), k.detach(), v.detach())
+    dout_tokens = dout.transpose(1, 2).reshape(batch, seqlen, H * D)
+
+    def ours():
+        return flash_msa.ops.forward(*tensors, indices, SCALE, PROXY_SCALE, None, False, None)
+
+    o, _, lse, lse_proxy = ours()
+
+    def ours_step():
+        out, _, l, lp = ours()
+        flash_msa.ops.backward(dout_tokens, None, *tensors, out, l, lp, indices, SCALE,
+                               PROXY_SCALE, None, None)
+
+    with torch.no_grad():
+        ref = fwd().transpose(1, 2).reshape(batch, seqlen, H * D)
+    ours_fwd = time_ms(ours, iters=5, warmup=1)
+    ours_st = time_ms(ours_step, iters=5, warmup=1)
+    same = {"forward": entry(ours_fwd, flop), "step": entry(ours_st, 3.5 * flop),
+            "max_abs_diff_from_flex": round((o.float() - ref.float()).abs().max().item(), 5),
+            "forward_speedup_over_flex": round(fwd_ms / ours_fwd, 3),
+            "step_speedup_over_flex": round(step_ms / ours_st, 3)}
+    return flex_result, same
 
 
 def torch_msa_step(qp, kp, q, k, v, dout):
@@ -415,13 +455,17 @@ def main():
         s = cfg["seqlen"]
         mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=DT, generator=gen).requires_grad_()
         q, k, v = mk(1, H, s, D), mk(1, HK, s, D), mk(1, HK, s, D)
+        qp, kp = (mk(1, h, s, DP).detach() for h in (HP, HPK))
         dout = torch.randn(1, H, s, D, device="cuda", dtype=DT, generator=gen)
         try:
-            cfg["peers"]["flex_block_sparse"] = run_flex(q, k, v, dout, gen)
+            flex, same = run_flex(qp, kp, q, k, v, dout, gen)
+            cfg["peers"]["flex_block_sparse"] = flex
+            cfg["same_pattern_as_flex"] = same
         except Exception as exc:  # noqa: BLE001  (recorded; the run goes on)
             cfg["peers"]["flex_block_sparse"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        log(f"{cfg['name']}: FlexAttention block-sparse {cfg['peers']['flex_block_sparse']}")
-        del q, k, v, dout
+        log(f"{cfg['name']}: FlexAttention block-sparse {cfg['peers']['flex_block_sparse']}, "
+            f"flash-msa on the same blocks {cfg.get('same_pattern_as_flex')}")
+        del q, k, v, qp, kp, dout
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     log(f"wrote {args.out}")

@@ -174,6 +174,31 @@ def page(res, json_name, plots, note):
         "per-token selection.",
         "",
     ]
+    same = [c for c in res["configs"] if "same_pattern_as_flex" in c]
+    if same:
+        out += [
+            "## The same block mask: flash-msa against FlexAttention",
+            "",
+            "| config | FlexAttention forward | flash-msa forward | speedup | FlexAttention "
+            "forward + backward | flash-msa forward + backward | speedup | max abs. difference "
+            "of out |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in same:
+            f, m = c["peers"]["flex_block_sparse"], c["same_pattern_as_flex"]
+            out.append(
+                f"| {c['name']} | {fmt_ms(f['forward'])} | {fmt_ms(m['forward'])} | "
+                f"{m['forward_speedup_over_flex']:.2f}x | {fmt_ms(f['step'])} | "
+                f"{fmt_ms(m['step'])} | {m['step_speedup_over_flex']:.2f}x | "
+                f"{m['max_abs_diff_from_flex']} |")
+        out += [
+            "",
+            "Both run main attention over one random block mask (per 128-query block its own "
+            "block and 15 earlier ones), flash-msa given it as per-token indices (every token of "
+            "a query block selects the block's blocks). flash-msa's forward also computes the "
+            "proxy branch's lse; its backward runs without the proxy gradient, as Flex has none.",
+            "",
+        ]
     out += selection_section(res["configs"])
     for c in res["configs"]:
         if "kernels" not in c:
