@@ -67,13 +67,13 @@ def _check_tensor(name: str, t, ref: Optional[Tensor] = None) -> None:
             _fail(f"{name}: expected dtype {ref.dtype} (that of q_proxy), got {t.dtype}")
         if t.device != ref.device:
             _fail(f"{name}: expected device {ref.device} (that of q_proxy), got {t.device}")
+        # q has q_proxy's batch and seqlen; the key side (k_proxy, k, v) has its batch here
+        # and its seqlen is checked in _check_query_offset and _check_all.
+        if name == "q" and (t.shape[0] != ref.shape[0] or t.shape[2] != ref.shape[2]):
+            _fail(f"q: expected batch {ref.shape[0]} and seqlen {ref.shape[2]} (those of "
+                  f"q_proxy), got shape {tuple(t.shape)}")
         if t.shape[0] != ref.shape[0]:
             _fail(f"{name}: expected batch {ref.shape[0]} (that of q_proxy), got shape "
-                  f"{tuple(t.shape)}")
-        # Query side: q has q_proxy's seqlen; the key side's (k_proxy, k, v) is checked in
-        # _check_query_offset and _check_all.
-        if name == "q" and t.shape[2] != ref.shape[2]:
-            _fail(f"q: expected seqlen {ref.shape[2]} (that of q_proxy), got shape "
                   f"{tuple(t.shape)}")
 
 
@@ -110,9 +110,9 @@ def _check_query_offset(query_offset, q_proxy: Tensor, k_proxy: Tensor) -> int:
     queries, keys = q_proxy.shape[2], k_proxy.shape[2]
     if query_offset is None:
         if queries != keys:
-            _fail(f"k_proxy: expected seqlen {queries} (that of q_proxy), got shape "
-                  f"{tuple(k_proxy.shape)} (a shard of queries against longer keys needs "
-                  f"query_offset)")
+            _fail(f"k_proxy: expected batch {q_proxy.shape[0]} and seqlen {queries} (those of "
+                  f"q_proxy), got shape {tuple(k_proxy.shape)} (a shard of queries against "
+                  f"longer keys needs query_offset)")
         return 0
     value = _integer(query_offset)
     if value is None or value < 0 or value + queries > keys:
