@@ -183,6 +183,17 @@ def _bad_inputs(rank, world):
         fd.msa_func(*shards.values(), TOP_K, context_parallel=cp, cu_seqlens=local_cu)
     with pytest.raises(ValueError, match="ContextParallel"):
         fd.msa_func(*shards.values(), TOP_K, context_parallel=dist.group.WORLD)
+    # Tensors sharded for another group size: quarters of the sequence on a group of two ranks.
+    quarter = fd.shard_segments(1024, 4, rank)
+    shards = {n: torch.cat([t[:, :, s.position:s.position + s.length] for s in quarter], 2)
+              for n, t in tensors.items()}
+    with pytest.raises(ValueError, match="global offsets over batch \\* seqlen = 1024"):
+        fd.msa_func(*shards.values(), TOP_K, context_parallel=cp, cu_seqlens=cu)
+    # A group this rank is not a member of (new_group is called by every rank).
+    only_rank_0 = dist.new_group([0])
+    if rank == 1:
+        with pytest.raises(ValueError, match="not a member of the group"):
+            fd.ContextParallel(only_rank_0)
     with pytest.raises(ValueError, match="layout"):
         fd.ContextParallel(layout="striped")
 
