@@ -139,7 +139,7 @@ def rank_cost(S: int, R: int) -> dict:
         t = dict(keys, qp=randn(1, HP, local, DP), q=randn(1, H, local, D),
                  dout=randn(1, local, H * D))
         # The rank's query tensors are local: segment s is local rows [s.local, + s.length).
-        def run():
+        def run(t=t):
             return [step(segment(t, s.local, s.length), s.position, w) for s in segs]
 
         torch.cuda.synchronize()

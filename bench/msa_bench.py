@@ -33,7 +33,6 @@ docs/benchmarks.md and the plots. Prints a progress line per measurement.
 import argparse
 import datetime
 import json
-import math
 import statistics
 import subprocess
 import sys

@@ -23,7 +23,7 @@ loss, the proxy branch gets the single-process gradient.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.distributed as dist

@@ -5,7 +5,6 @@ kernel sets (Hopper where D = 128, portable), sparse and warmup, shards cut insi
 packed documents crossing the cuts, B = 2. Also flash_msa.distributed over a one-rank NCCL
 group."""
 
-import os
 
 import pytest
 import torch
