@@ -22,13 +22,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from cp_ranks import parse_len
 from flash_msa import distributed as fd
-
-
-def parse_len(text: str) -> int:
-    text = text.strip().upper()
-    scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1], 1)
-    return int(text[:-1] if scale > 1 else text) * scale
 
 
 class Timer:
