@@ -122,6 +122,8 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
+    # Every rank's collectives are over before any rank tears its process group down.
+    dist.barrier()
     dist.destroy_process_group()
 
 

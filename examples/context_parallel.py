@@ -70,6 +70,8 @@ def main() -> None:
         if cp.rank == 0:
             print(f"step {step}: mse {whole.item():.5f}, KL {layer.kl_value.item():.4f}",
                   flush=True)
+    # Every rank's collectives are over before any rank tears its process group down.
+    dist.barrier()
     dist.destroy_process_group()
 
 
