@@ -42,10 +42,10 @@ void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStre
 // True when a CUDA device of compute capability >= 8.0 is visible to this process.
 bool device_available();
 
-// The implementation of the sparse forward's and backward's main kernels.
+// The implementation of the sparse forward's and backward's main kernels, and of select.
 enum class Kernels : int32_t {
   kPortable = 0,  // mma.sync tensor-core kernels, compute capability 8.0 and newer
-  kHopper = 1,    // wgmma kernels for compute capability 9.x (H100, H200), D = 128
+  kHopper = 1,    // wgmma kernels for compute capability 9.x (H100, H200)
 };
 const char* kernels_name(Kernels kernels);  // "portable" or "hopper"
 
@@ -54,5 +54,9 @@ const char* kernels_name(Kernels kernels);  // "portable" or "hopper"
 // unless the environment variable FLASH_MSA_PORTABLE_KERNELS is set to anything but "0";
 // kPortable otherwise. The device is probed once and cached; no synchronisation.
 Kernels sparse_kernels(const Problem& problem);
+// The implementation select takes: kHopper on compute capability 9.x when Dp is 64 or 128,
+// under the same conditions otherwise (sm_90a code, FLASH_MSA_PORTABLE_KERNELS); kPortable
+// otherwise.
+Kernels select_kernels(const Problem& problem);
 
 }  // namespace flash_msa::cuda

@@ -1,6 +1,7 @@
-// Which implementation the sparse passes take (flash_msa::cuda::sparse_kernels): the Hopper
-// kernels on compute capability 9.x at D = 128, the portable ones otherwise or when
-// FLASH_MSA_PORTABLE_KERNELS asks for them, so that the tests of each path know which one ran.
+// Which implementation the sparse passes and select take (flash_msa::cuda::sparse_kernels,
+// select_kernels): the Hopper kernels on compute capability 9.x at D = 128 (select: Dp = 64 or
+// 128), the portable ones otherwise or when FLASH_MSA_PORTABLE_KERNELS asks for them, so that
+// the tests of each path know which one ran.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -60,6 +61,25 @@ TEST_F(CudaSparseKernels, EnvironmentForcesPortable) {
   EXPECT_EQ(cuda::sparse_kernels(paper_problem(128)),
             hopper_device() ? cuda::Kernels::kHopper : cuda::Kernels::kPortable);
   unsetenv("FLASH_MSA_PORTABLE_KERNELS");
+}
+
+// Select (flash_msa::cuda::select_kernels): the Hopper kernel at Dp = 64 and 128 whatever D is,
+// the portable one at Dp = 32 or when the environment asks for it.
+using CudaSelectKernels = CudaTest;
+
+TEST_F(CudaSelectKernels, HopperAtDp64And128OnComputeCapability9) {
+  const cuda::Kernels expected =
+      hopper_device() ? cuda::Kernels::kHopper : cuda::Kernels::kPortable;
+  for (const int64_t dp : {64, 128}) {
+    Problem pr = paper_problem(64);
+    pr.proxy_head_dim = dp;
+    EXPECT_EQ(cuda::select_kernels(pr), expected) << dp;
+  }
+  Problem pr = paper_problem(128);
+  pr.proxy_head_dim = 32;
+  EXPECT_EQ(cuda::select_kernels(pr), cuda::Kernels::kPortable);
+  const PortableKernels portable;
+  EXPECT_EQ(cuda::select_kernels(paper_problem(128)), cuda::Kernels::kPortable);
 }
 
 }  // namespace

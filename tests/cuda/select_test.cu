@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -59,10 +60,53 @@ int64_t differing_rows(const std::vector<int32_t>& a, const std::vector<int32_t>
   return n;
 }
 
-class CudaSelect : public CudaTestWithParam<std::tuple<ShapeCase, DType>> {};
+// The select shapes: lengths that are no multiple of 128, K above the visible blocks, B > 1,
+// packed documents, token-major views, K = 64; Dp = 64 and 128 take the Hopper kernel on an
+// H100/H200, Dp = 32 the portable one.
+std::vector<ShapeCase> select_shapes() {
+  return {
+      ShapeCase{"S1000_Dp128_K4",
+                {.B = 1, .S = 1000, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 4},
+                {}},
+      ShapeCase{"B2_S700_Dp64_Hpk2_K3_token_major",
+                {.B = 2, .S = 700, .H = 4, .Hk = 2, .Hp = 4, .Hpk = 2, .D = 8, .Dp = 64, .K = 3},
+                {},
+                Layout::kTokenMajor},
+      ShapeCase{"K_gt_blocks_Dp32",
+                {.B = 2, .S = 300, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 32, .K = 5},
+                {}},
+      ShapeCase{"S1_B3",
+                {.B = 3, .S = 1, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 64, .K = 2},
+                {}},
+      ShapeCase{"S256_K1",
+                {.B = 1, .S = 256, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 128, .K = 1},
+                {}},
+      ShapeCase{"varlen_straddling",
+                {.B = 2, .S = 600, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 2},
+                {130, 300, 301, 700, 1000}},
+      ShapeCase{"varlen_K_gt_visible",
+                {.B = 1, .S = 640, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 64, .K = 4},
+                {200, 390, 600}},
+      ShapeCase{"varlen_many_docs_token_major",
+                {.B = 2, .S = 2000, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 8},
+                {37, 500, 1290, 2400, 3333, 3334, 3900},
+                Layout::kTokenMajor},
+      ShapeCase{"K64_S8242_Dp32",
+                {.B = 1, .S = 8242, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 32, .K = 64},
+                {}},
+      ShapeCase{"K64_S8242_Dp128",
+                {.B = 1, .S = 8242, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 128, .K = 64},
+                {}},
+      ShapeCase{"K64_B2_S2500_Dp64",
+                {.B = 2, .S = 2500, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 64, .K = 64},
+                {}},
+      ShapeCase{"paper_heads_S4096_K16",
+                {.B = 1, .S = 4096, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 16},
+                {}}};
+}
 
-TEST_P(CudaSelect, TopKByScoreMatchesCpu) {
-  const auto& [sc, dtype] = GetParam();
+// The selection of `sc` against float64 block scores and the CPU backend.
+void check_select(const ShapeCase& sc, DType dtype) {
   const Config cfg = case_config(sc, dtype);
   const Inputs in = random_inputs(cfg.d, 7 + static_cast<uint32_t>(sc.d.S * sc.d.K), dtype);
   const std::vector<int32_t> gpu = run_cuda_select(cfg, in);
@@ -76,60 +120,89 @@ TEST_P(CudaSelect, TopKByScoreMatchesCpu) {
   const int64_t rows = cfg.d.B * cfg.d.Hp * cfg.d.S;
   const int64_t diff = differing_rows(gpu, cpu, cfg.d.K);
   EXPECT_LE(diff, rows / 100) << "rows whose selection differs from the CPU backend";
-  std::printf("[ select ] %s %s: %lld of %lld rows differ from cpu::select\n", sc.name,
-              dtype_name(dtype), static_cast<long long>(diff), static_cast<long long>(rows));
+  std::printf("[ select ] %s %s %s: %lld of %lld rows differ from cpu::select\n", sc.name,
+              dtype_name(dtype), cuda::kernels_name(cuda::select_kernels(cfg.problem())),
+              static_cast<long long>(diff), static_cast<long long>(rows));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CudaSelectShapes, CudaSelect,
-    ::testing::Combine(
-        ::testing::Values(
-            ShapeCase{
-                "S1000_Dp128_K4",
-                {.B = 1, .S = 1000, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 4},
-                {}},
-            ShapeCase{
-                "B2_S700_Dp64_Hpk2_K3_token_major",
-                {.B = 2, .S = 700, .H = 4, .Hk = 2, .Hp = 4, .Hpk = 2, .D = 8, .Dp = 64, .K = 3},
-                {},
-                Layout::kTokenMajor},
-            ShapeCase{
-                "K_gt_blocks_Dp32",
-                {.B = 2, .S = 300, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 32, .K = 5},
-                {}},
-            ShapeCase{
-                "S1_B3",
-                {.B = 3, .S = 1, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 64, .K = 2},
-                {}},
-            ShapeCase{
-                "S256_K1",
-                {.B = 1, .S = 256, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 128, .K = 1},
-                {}},
-            ShapeCase{
-                "varlen_straddling",
-                {.B = 2, .S = 600, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 2},
-                {130, 300, 301, 700, 1000}},
-            ShapeCase{
-                "varlen_K_gt_visible",
-                {.B = 1, .S = 640, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 64, .K = 4},
-                {200, 390, 600}},
-            ShapeCase{
-                "varlen_many_docs_token_major",
-                {.B = 2, .S = 2000, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 8},
-                {37, 500, 1290, 2400, 3333, 3334, 3900},
-                Layout::kTokenMajor},
-            ShapeCase{
-                "K64_S8242_Dp32",
-                {.B = 1, .S = 8242, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 32, .K = 64},
-                {}},
-            ShapeCase{
-                "paper_heads_S4096_K16",
-                {.B = 1, .S = 4096, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = 128, .K = 16},
-                {}}),
-        ::testing::Values(DType::kBFloat16, DType::kFloat16)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).name) + "_" + dtype_name(std::get<1>(info.param));
-    });
+class CudaSelect : public CudaTestWithParam<std::tuple<ShapeCase, DType>> {};
+
+TEST_P(CudaSelect, TopKByScoreMatchesCpu) {
+  const auto& [sc, dtype] = GetParam();
+  check_select(sc, dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(CudaSelectShapes, CudaSelect,
+                         ::testing::Combine(::testing::ValuesIn(select_shapes()),
+                                            ::testing::Values(DType::kBFloat16, DType::kFloat16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  dtype_name(std::get<1>(info.param));
+                         });
+
+// On an H100/H200 the Dp = 64 and 128 shapes take the Hopper kernel; here every shape takes the
+// portable one, the path of sm_80 and sm_100a.
+using CudaSelectPortable = CudaTest;
+
+TEST_F(CudaSelectPortable, ShapesMatchCpu) {
+  const PortableKernels portable;
+  for (const ShapeCase& sc : select_shapes()) {
+    SCOPED_TRACE(sc.name);
+    check_select(sc, DType::kBFloat16);
+  }
+}
+
+// A shard of the queries (Problem::query_offset, query_len; the qp view starts at the shard)
+// selects exactly the rows of the whole call, for shards that start inside a block and pair
+// the Hopper kernel's tiles differently from the whole call, with packed documents.
+using CudaSelectShard = CudaTest;
+
+TEST_F(CudaSelectShard, RowsEqualTheWholeCall) {
+  for (const bool portable : {false, true}) {
+    for (const int64_t dp : {64, 128}) {
+      SCOPED_TRACE(std::string(portable ? "portable " : "default ") + std::to_string(dp));
+      std::optional<PortableKernels> forced;
+      if (portable) forced.emplace();
+      Config cfg;
+      cfg.d = {.B = 2, .S = 1000, .H = 4, .Hk = 1, .Hp = 4, .Hpk = 2, .D = 8, .Dp = dp, .K = 4};
+      cfg.dtype = DType::kBFloat16;
+      cfg.cu_seqlens = {0, 300, 1000, 1450, 2000};
+      const Inputs in = random_inputs(cfg.d, 11 + static_cast<uint32_t>(dp), cfg.dtype);
+      const std::vector<int32_t> whole = run_cuda_select(cfg, in);
+      const Packed qp = pack(in.qp, cfg.dtype, cfg.layout);
+      const Packed kp = pack(in.kp, cfg.dtype, cfg.layout);
+      DeviceMemory dqp(qp.bits.data(), qp.bits.size() * 2);
+      DeviceMemory dkp(kp.bits.data(), kp.bits.size() * 2);
+      DeviceMemory dcu(cfg.cu_seqlens.data(), cfg.cu_seqlens.size() * sizeof(int32_t));
+      const int64_t K = cfg.d.K, S = cfg.d.S, Hp = cfg.d.Hp;
+      for (const auto& [q0, sq] :
+           {std::pair<int64_t, int64_t>{0, 300}, {300, 256}, {556, 444}, {129, 1}, {0, 1000}}) {
+        SCOPED_TRACE("shard at " + std::to_string(q0) + " of " + std::to_string(sq));
+        Problem pr = cfg.problem();
+        pr.cu_seqlens = static_cast<const int32_t*>(dcu.get());
+        pr.query_offset = q0;
+        pr.query_len = sq;
+        std::vector<int32_t> got(static_cast<size_t>(cfg.d.B * Hp * sq * K), kIndexPoison);
+        DeviceMemory didx(got.data(), got.size() * sizeof(int32_t));
+        const ConstView shard{static_cast<const uint16_t*>(dqp.get()) + q0 * qp.stride_s,
+                              qp.stride_b, qp.stride_h, qp.stride_s};
+        const SelectParams params{pr, shard, device_view(dkp, kp),
+                                  static_cast<int32_t*>(didx.get())};
+        DeviceMemory ws(cuda::select_workspace_bytes(params));
+        cuda::select(params, {ws.get(), ws.bytes()}, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(got.data(), didx.get(), didx.bytes(), cudaMemcpyDeviceToHost));
+        int64_t differ = 0;
+        for (int64_t bh = 0; bh < cfg.d.B * Hp; ++bh)
+          for (int64_t i = 0; i < sq; ++i)
+            differ +=
+                !std::equal(got.begin() + (bh * sq + i) * K, got.begin() + (bh * sq + i + 1) * K,
+                            whole.begin() + (bh * S + q0 + i) * K);
+        EXPECT_EQ(differ, 0) << "shard rows that differ from the whole call";
+      }
+    }
+  }
+}
 
 using CudaSelectTies = CudaTest;
 
@@ -298,12 +371,17 @@ TEST_F(CudaSelectLimits, RejectedWithNamedArgument) {
   EXPECT_MSA_ERROR(cuda::select(p, {}, nullptr), "kp");
 }
 
-// ---- timing at the paper's proxy shape (run with --gtest_also_run_disabled_tests) ----
+// ---- timing at the paper's proxy shape (run with --gtest_also_run_disabled_tests; with
+// FLASH_MSA_PORTABLE_KERNELS=1 for the portable kernel) ----
 
 using CudaSelectPerf = CudaTest;
 
 TEST_F(CudaSelectPerf, DISABLED_PaperShape) {
-  for (const auto& [S, K] : {std::pair<int64_t, int64_t>{32768, 16}, {131072, 16}, {32768, 64}}) {
+  for (const auto& [S, K] : {std::pair<int64_t, int64_t>{8192, 16},
+                             {32768, 16},
+                             {131072, 16},
+                             {1048576, 16},
+                             {32768, 64}}) {
     Config cfg;
     cfg.d = {.B = 1, .S = S, .H = 64, .Hk = 4, .Hp = 4, .Hpk = 1, .D = 128, .Dp = 128, .K = K};
     cfg.dtype = DType::kBFloat16;
@@ -324,9 +402,10 @@ TEST_F(CudaSelectPerf, DISABLED_PaperShape) {
     cudaEvent_t start, stop;
     CUDA_OK(cudaEventCreate(&start));
     CUDA_OK(cudaEventCreate(&stop));
-    for (int w = 0; w < 3; ++w) cuda::select(params, {}, nullptr);
+    const int iterations = S >= 524288 ? 3 : 10;
+    for (int w = 0; w < 2; ++w) cuda::select(params, {}, nullptr);
     std::vector<float> ms;
-    for (int it = 0; it < 10; ++it) {
+    for (int it = 0; it < iterations; ++it) {
       CUDA_OK(cudaEventRecord(start));
       cuda::select(params, {}, nullptr);
       CUDA_OK(cudaEventRecord(stop));
@@ -338,9 +417,10 @@ TEST_F(CudaSelectPerf, DISABLED_PaperShape) {
     std::sort(ms.begin(), ms.end());
     const double flops = 2.0 * d.Hp * d.Dp * double(S) * double(S) / 2;
     std::printf(
-        "[ perf ] select B=1 Hp=4 Hpk=1 Dp=128 bf16 K=%lld S=%lld: median %.3f ms "
+        "[ perf ] select (%s) B=1 Hp=4 Hpk=1 Dp=128 bf16 K=%lld S=%lld: median %.3f ms "
         "(min %.3f), %.1f TFLOP/s\n",
-        static_cast<long long>(K), static_cast<long long>(S), ms[ms.size() / 2], ms[0],
+        cuda::kernels_name(cuda::select_kernels(params.problem)), static_cast<long long>(K),
+        static_cast<long long>(S), ms[ms.size() / 2], ms[0],
         flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
     std::vector<int32_t> out(cfg.index_count());
     CUDA_OK(cudaMemcpy(out.data(), idx.get(), idx.bytes(), cudaMemcpyDeviceToHost));

@@ -150,52 +150,57 @@ struct WgmmaType<__half> {
   static constexpr bool kBf16 = false;
 };
 
-// The asm statements, for the input type name TY ("bf16" or "f16").
+// The asm statements, for the input type name TY ("bf16" or "f16"); the accumulator
+// registers of m64nN, N / 2 per thread, are operands %0 .. %(N / 2 - 1).
+#define FLASH_MSA_WGMMA_D64                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "         \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "          \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "          \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FLASH_MSA_WGMMA_D32                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "         \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FLASH_MSA_WGMMA_D32_OUT                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),              \
+  "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),          \
+  "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),                    \
+  "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),                    \
+  "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define FLASH_MSA_WGMMA_D64_OUT                                                                    \
+  FLASH_MSA_WGMMA_D32_OUT, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),        \
+  "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),                    \
+  "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),                    \
+  "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),                    \
+  "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),                    \
+  "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 #define FLASH_MSA_WGMMA_M64N128K16_SS(TY)                                                          \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                 \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
-      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
-      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
-      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"            \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-        "+f"(d[63])                                                                                \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FLASH_MSA_WGMMA_D64             \
+      ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                                        \
+      : FLASH_MSA_WGMMA_D64_OUT                                                                    \
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB))
+#define FLASH_MSA_WGMMA_M64N128K16_RS(TY)                                                          \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FLASH_MSA_WGMMA_D64             \
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                              \
+      : FLASH_MSA_WGMMA_D64_OUT                                                                    \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
 #define FLASH_MSA_WGMMA_M64N64K16_RS_MN(TY)                                                        \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                      \
-      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, "   \
-      "%36, p, 1, 1, 1;\n}\n"                                                                      \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FLASH_MSA_WGMMA_D32              \
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                              \
+      : FLASH_MSA_WGMMA_D32_OUT                                                                    \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
 
 #define FLASH_MSA_WGMMA_M64N64K16_SS(TY)                                                           \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                      \
-      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, " \
-      "%36;\n}\n"                                                                                  \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FLASH_MSA_WGMMA_D32              \
+      ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                                        \
+      : FLASH_MSA_WGMMA_D32_OUT                                                                    \
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB))
 
 // d (64 x 128) (+)= A (64 x 16) * B (16 x 128), both in shared memory; kTransA / kTransB: the
@@ -207,6 +212,17 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
     FLASH_MSA_WGMMA_M64N128K16_SS("bf16");
   else
     FLASH_MSA_WGMMA_M64N128K16_SS("f16");
+}
+
+// d (64 x 128) (+)= A (64 x 16, in registers as for mma.m16n8k16, per warp) * B (16 x 128,
+// K-major, shared).
+template <class T>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                    uint64_t desc_b, bool accumulate) {
+  if constexpr (WgmmaType<T>::kBf16)
+    FLASH_MSA_WGMMA_M64N128K16_RS("bf16");
+  else
+    FLASH_MSA_WGMMA_M64N128K16_RS("f16");
 }
 
 // d (64 x 64) (+)= A (64 x 16, in registers as for mma.m16n8k16, per warp) * B (16 x 64,
@@ -232,7 +248,12 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
 }
 
 #undef FLASH_MSA_WGMMA_M64N128K16_SS
+#undef FLASH_MSA_WGMMA_M64N128K16_RS
 #undef FLASH_MSA_WGMMA_M64N64K16_RS_MN
 #undef FLASH_MSA_WGMMA_M64N64K16_SS
+#undef FLASH_MSA_WGMMA_D64
+#undef FLASH_MSA_WGMMA_D64_OUT
+#undef FLASH_MSA_WGMMA_D32
+#undef FLASH_MSA_WGMMA_D32_OUT
 
 }  // namespace flash_msa::cuda::sm90

@@ -15,14 +15,15 @@ enum class Probe : int8_t { kUnknown = 0, kHopper, kPortable };
 constexpr int kMaxDevices = 64;
 std::array<std::atomic<Probe>, kMaxDevices> probes{};
 
-// Hopper kernels can run on `device`: compute capability 9.x and sm_90a code for both kernels.
+// Hopper kernels can run on `device`: compute capability 9.x and sm_90a code for the kernels.
 Probe probe(int device) {
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
     cudaGetLastError();
     return Probe::kPortable;
   }
-  return major == 9 && sm90::sparse_forward_built() && sm90::sparse_backward_built()
+  return major == 9 && sm90::sparse_forward_built() && sm90::sparse_backward_built() &&
+                 sm90::select_built()
              ? Probe::kHopper
              : Probe::kPortable;
 }
@@ -56,6 +57,14 @@ const char* kernels_name(Kernels kernels) {
 Kernels sparse_kernels(const Problem& problem) {
   // The Hopper kernels are instantiated for D = 128 (forward/sm90, backward/sm90).
   if (problem.head_dim != 128 || portable_forced() || !device_runs_hopper())
+    return Kernels::kPortable;
+  return Kernels::kHopper;
+}
+
+Kernels select_kernels(const Problem& problem) {
+  // The Hopper select is instantiated for Dp = 64 and 128 (select/sm90).
+  if ((problem.proxy_head_dim != 64 && problem.proxy_head_dim != 128) || portable_forced() ||
+      !device_runs_hopper())
     return Kernels::kPortable;
   return Kernels::kHopper;
 }

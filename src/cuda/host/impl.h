@@ -1,7 +1,7 @@
-// Which implementation runs the sparse main kernels, and the launch of a kernel with a large
-// dynamic shared-memory plan. The choice is made once per call by the host entries and is the
-// one flash_msa::cuda::sparse_kernels reports (cuda.h); what it reads of the device is probed
-// once per device and cached, so launches do no device queries.
+// Which implementation runs the sparse main kernels and select, and the launch of a kernel with
+// a large dynamic shared-memory plan. The choice is made once per call by the host entries and
+// is the one flash_msa::cuda::sparse_kernels and select_kernels report (cuda.h); what it reads
+// of the device is probed once per device and cached, so launches do no device queries.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,11 +11,12 @@
 
 namespace flash_msa::cuda {
 
-// The Hopper kernels' own probe (forward/sm90, backward/sm90): the binary holds sm_90a code
-// for them (false when the build's architectures leave sm_90a out).
+// The Hopper kernels' own probe (forward/sm90, backward/sm90, select/sm90): the binary holds
+// sm_90a code for them (false when the build's architectures leave sm_90a out).
 namespace sm90 {
 bool sparse_forward_built();
 bool sparse_backward_built();
+bool select_built();
 }  // namespace sm90
 
 // Launches kernel<<<grid, threads, bytes, stream>>>(params), first allowing `bytes` of dynamic

@@ -1,14 +1,17 @@
 // Host entry of the proxy select stage (SPEC section 1): validation, the CUDA backend's own
-// limits, and dispatch on dtype and proxy head dim to the portable kernel.
+// limits, and dispatch on dtype and proxy head dim to the Hopper kernel (select/sm90) where
+// select_kernels() says so, to the portable kernel otherwise.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 #include <string>
 
+#include "cuda/host/impl.h"
 #include "cuda/host/limits.h"
 #include "cuda/host/plan.h"
 #include "cuda/select/portable/select_portable.h"
+#include "cuda/select/sm90/select_sm90.h"
 #include "flash_msa/cuda.h"
 
 namespace flash_msa::cuda {
@@ -32,16 +35,23 @@ void check_limits(const SelectParams& params) {
 }
 
 template <class T>
-void dispatch_dp(const portable::SelectKernelParams& kp, int64_t dp, cudaStream_t stream) {
+void dispatch_dp(const portable::SelectKernelParams& kp, int64_t dp, bool hopper,
+                 cudaStream_t stream) {
   switch (dp) {
     case 32:
       portable::launch_select<T, 32>(kp, stream);
       break;
     case 64:
-      portable::launch_select<T, 64>(kp, stream);
+      if (hopper)
+        sm90::launch_select<T, 64>(kp, stream);
+      else
+        portable::launch_select<T, 64>(kp, stream);
       break;
     default:
-      portable::launch_select<T, 128>(kp, stream);
+      if (hopper)
+        sm90::launch_select<T, 128>(kp, stream);
+      else
+        portable::launch_select<T, 128>(kp, stream);
       break;
   }
 }
@@ -64,10 +74,11 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
       .cu_seqlens = pr.cu_seqlens,
       .shape = kernel_shape(pr),
   };
+  const bool hopper = select_kernels(pr) == Kernels::kHopper;
   if (pr.dtype == DType::kBFloat16) {
-    dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, stream);
+    dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, hopper, stream);
   } else {
-    dispatch_dp<__half>(kp, pr.proxy_head_dim, stream);
+    dispatch_dp<__half>(kp, pr.proxy_head_dim, hopper, stream);
   }
 }
 

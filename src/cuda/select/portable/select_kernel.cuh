@@ -2,7 +2,8 @@
 // (query tile of 128 rows, proxy head, batch row). The proxy query tile stays in registers; key
 // blocks stream through a cp.async double buffer; each 128-key block is scored, masked, max-pooled
 // per row and offered to a per-row top-K list in shared memory. The S x S scores never leave the
-// chip. Tiles are scheduled longest first (the causal bound grows with the tile index).
+// chip. Tiles are scheduled longest first (the causal bound grows with the tile index). The
+// Hopper kernel (select/sm90) shares the work split, the top-K lists and the output.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,12 +40,12 @@ struct SelectTile {
 };
 
 // Copies rows [lo, hi) of a 128-row tile into shared memory, row r from gmem + (r - lo) rows;
-// the other rows are zero-filled.
-template <class T, int kDp>
+// the other rows are zero-filled. Every one of the CTA's kThreads threads takes part.
+template <class T, int kDp, int kThreads = kSelectThreads>
 __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t stride_s, int lo,
                                           int hi) {
   using Tile = SelectTile<kDp>;
-  for (int x = threadIdx.x; x < kSelectBlockM * Tile::kChunks; x += kSelectThreads) {
+  for (int x = threadIdx.x; x < kSelectBlockM * Tile::kChunks; x += kThreads) {
     const int row = x / Tile::kChunks, chunk = x % Tile::kChunks;
     const bool valid = row >= lo && row < hi;
     const T* src = valid ? gmem + (row - lo) * stride_s + chunk * 8 : gmem;
@@ -125,11 +126,13 @@ __device__ __forceinline__ void block_row_max(float (&mx)[2][2], const T* ktile,
   }
 }
 
-// Per-row top-K list in shared memory, column `row` of a [K][128] array of {score bits, block},
-// owned by one lane. Blocks arrive in ascending order, so a newcomer enters only if strictly
-// better than the current worst (ties keep the lower, older block); the evictee is the lowest
-// score, highest block among equals. `thr` is the worst kept score once the list is full (-inf
-// before), so -inf blocks never enter and most blocks cost one compare.
+// Per-row top-K list in shared memory, column `row` of a [K][kRows] array of {score bits,
+// block} (kRows: the CTA's rows), owned by one lane. Blocks arrive in ascending order, so a
+// newcomer enters only if strictly better than the current worst (ties keep the lower, older
+// block); the evictee is the lowest score, highest block among equals. `thr` is the worst kept
+// score once the list is full (-inf before), so -inf blocks never enter and most blocks cost
+// one compare.
+template <int kRows = kSelectBlockM>
 struct TopKList {
   int2* entries;
   int top_k;
@@ -139,13 +142,13 @@ struct TopKList {
 
   __device__ __forceinline__ void insert(float m, int n) {
     const int pos = fill < top_k ? fill++ : worst;
-    entries[pos * kSelectBlockM] = make_int2(__float_as_int(m), n);
+    entries[pos * kRows] = make_int2(__float_as_int(m), n);
     if (fill < top_k) return;
     float best = INFINITY;
     int best_block = -1;
 #pragma unroll 8
     for (int x = 0; x < top_k; ++x) {
-      const int2 e = entries[x * kSelectBlockM];
+      const int2 e = entries[x * kRows];
       const float s = __int_as_float(e.x);
       if (s < best || (s == best && e.y > best_block)) {
         best = s;
@@ -157,6 +160,67 @@ struct TopKList {
   }
 };
 
+// A CTA's work: the query tile of the 128 positions of key block `tile` for proxy head h of
+// batch row b. Rows [lo, hi) of the tile are queries (all of it but at the ends of a query
+// shard; none for a tile outside the queries); m0 is the position of row 0.
+struct SelectWork {
+  int b, h, tile, m0, lo, hi;
+};
+
+__device__ __forceinline__ SelectWork tile_work(const SelectKernelParams& p, int b, int h,
+                                                int tile) {
+  const int q_end = p.shape.query_offset + p.shape.queries;
+  SelectWork w{b, h, tile, tile * kSelectBlockM, 0, 0};
+  w.lo = min(max(p.shape.query_offset - w.m0, 0), kSelectBlockM);
+  w.hi = max(min(kSelectBlockM, q_end - w.m0), w.lo);
+  return w;
+}
+
+// This CTA's tile of the tiles that hold queries, for one CTA per tile and (b, h): heaviest
+// tiles (largest causal bound) first, all heads of a tile together. kTiles consecutive tiles
+// per CTA: the top one of the CTA's group (the group below it starts kTiles lower).
+template <int kTiles = 1>
+__device__ __forceinline__ SelectWork select_work(const SelectKernelParams& p) {
+  const int heads = p.shape.batch * p.shape.proxy_heads;
+  const int q_end = p.shape.query_offset + p.shape.queries;
+  const int tile = (q_end - 1) / kSelectBlockM - kTiles * static_cast<int>(blockIdx.x / heads);
+  const int bh = static_cast<int>(blockIdx.x % heads);
+  return tile_work(p, bh / p.shape.proxy_heads, bh % p.shape.proxy_heads, tile);
+}
+
+// The grid of select_work<kTiles>: one CTA per kTiles query tiles, batch row and proxy head.
+template <int kTiles = 1>
+unsigned select_grid(const SelectKernelParams& params) {
+  const int q_end = params.shape.query_offset + params.shape.queries;
+  const int tiles = (q_end - 1) / kSelectBlockM - params.shape.query_offset / kSelectBlockM + 1;
+  return static_cast<unsigned>((tiles + kTiles - 1) / kTiles) * params.shape.batch *
+         params.shape.proxy_heads;
+}
+
+// Writes the rows [lo, hi) of the tile from their top-K lists (`entries`, columns of a
+// [K][kRows] array; `fills`, the count of kept blocks per row, both complete in shared memory),
+// sorted ascending: a kept block's slot is the number of kept blocks below it; the rest are -1.
+// All kThreads threads.
+template <int kThreads, int kRows = kSelectBlockM>
+__device__ __forceinline__ void write_selection(const SelectKernelParams& p, const SelectWork& w,
+                                                const int2* entries, const int32_t* fills) {
+  const int k = p.shape.top_k;
+  for (int x = threadIdx.x; x < (w.hi - w.lo) * k; x += kThreads) {
+    const int row = w.lo + x / k, slot = x % k;
+    int32_t* out = p.indices +
+                   p.shape.query_row(int64_t(w.b) * p.shape.proxy_heads + w.h, w.m0 + row) * k;
+    const int fill = fills[row];
+    if (slot >= fill) {
+      out[slot] = -1;
+      continue;
+    }
+    const int32_t mine = entries[slot * kRows + row].y;
+    int rank = 0;
+    for (int y = 0; y < fill; ++y) rank += entries[y * kRows + row].y < mine;
+    out[rank] = mine;
+  }
+}
+
 template <class T, int kDp>
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKernelParams p) {
   using Tile = SelectTile<kDp>;
@@ -167,16 +231,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   int2* entries = reinterpret_cast<int2*>(smem + plan.entries_offset());
   int32_t* fills = reinterpret_cast<int32_t*>(smem + plan.fill_offset());
 
-  // Tiles of the 128 positions of a key block, over the blocks holding queries; heaviest tiles
-  // (largest causal bound) first, all heads of a tile together. Rows [lo, hi) of the tile are
-  // queries (all of it but at the ends of a query shard).
-  const int heads = p.shape.batch * p.shape.proxy_heads;
-  const int q_end = p.shape.query_offset + p.shape.queries;
-  const int tile = (q_end - 1) / kSelectBlockM - static_cast<int>(blockIdx.x / heads);
-  const int bh = static_cast<int>(blockIdx.x % heads);
-  const int b = bh / p.shape.proxy_heads, h = bh % p.shape.proxy_heads;
-  const int m0 = tile * kSelectBlockM;
-  const int lo = max(p.shape.query_offset - m0, 0), hi = min(kSelectBlockM, q_end - m0);
+  const SelectWork work = select_work(p);
+  const int b = work.b, h = work.h, tile = work.tile, m0 = work.m0, lo = work.lo, hi = work.hi;
 
   const T* q_gmem = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + h * p.qp.stride_h +
                     int64_t(p.shape.query_at(m0 + lo)) * p.qp.stride_s;
@@ -203,7 +259,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
   }
   const int my_slot = lane & 3;
   const int my_row = warp * Tile::kWarpRows + (my_slot >> 1) * 16 + (lane >> 2) + (my_slot & 1) * 8;
-  TopKList list{entries + my_row, p.shape.top_k};
+  TopKList<> list{entries + my_row, p.shape.top_k};
   if (my_row < lo || my_row >= hi) list.thr = INFINITY;  // rows that are no query never insert
 
   cp_async_wait<1>();
@@ -256,22 +312,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectKern
 
   fills[my_row] = list.fill;
   __syncthreads();
-  // Sorted output: a kept block's slot is the number of kept blocks below it; the rest are -1.
-  const int k = p.shape.top_k;
-  for (int x = threadIdx.x; x < (hi - lo) * k; x += kSelectThreads) {
-    const int row = lo + x / k, slot = x % k;
-    int32_t* out = p.indices +
-                   p.shape.query_row(int64_t(b) * p.shape.proxy_heads + h, m0 + row) * k;
-    const int fill = fills[row];
-    if (slot >= fill) {
-      out[slot] = -1;
-      continue;
-    }
-    const int32_t mine = entries[slot * kSelectBlockM + row].y;
-    int rank = 0;
-    for (int y = 0; y < fill; ++y) rank += entries[y * kSelectBlockM + row].y < mine;
-    out[rank] = mine;
-  }
+  write_selection<kSelectThreads>(p, work, entries, fills);
 }
 
 template <class T, int kDp>
@@ -279,11 +320,7 @@ void launch_select(const SelectKernelParams& params, cudaStream_t stream) {
   const size_t smem = SelectSmemPlan{kDp, params.shape.top_k}.bytes();
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(
       select_kernel<T, kDp>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const int q_end = params.shape.query_offset + params.shape.queries;
-  const int tiles = (q_end - 1) / kSelectBlockM - params.shape.query_offset / kSelectBlockM + 1;
-  const unsigned grid =
-      static_cast<unsigned>(tiles) * params.shape.batch * params.shape.proxy_heads;
-  select_kernel<T, kDp><<<grid, kSelectThreads, smem, stream>>>(params);
+  select_kernel<T, kDp><<<select_grid(params), kSelectThreads, smem, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }
 
