@@ -48,6 +48,12 @@ bool portable_forced() {
   return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
 }
 
+// The Hopper kernels unless the environment forces the portable ones or the device cannot run
+// them.
+Kernels hopper_unless_forced() {
+  return portable_forced() || !device_runs_hopper() ? Kernels::kPortable : Kernels::kHopper;
+}
+
 }  // namespace
 
 const char* kernels_name(Kernels kernels) {
@@ -56,17 +62,13 @@ const char* kernels_name(Kernels kernels) {
 
 Kernels sparse_kernels(const Problem& problem) {
   // The Hopper kernels are instantiated for D = 128 (forward/sm90, backward/sm90).
-  if (problem.head_dim != 128 || portable_forced() || !device_runs_hopper())
-    return Kernels::kPortable;
-  return Kernels::kHopper;
+  return problem.head_dim == 128 ? hopper_unless_forced() : Kernels::kPortable;
 }
 
 Kernels select_kernels(const Problem& problem) {
   // The Hopper select is instantiated for Dp = 64 and 128 (select/sm90).
-  if ((problem.proxy_head_dim != 64 && problem.proxy_head_dim != 128) || portable_forced() ||
-      !device_runs_hopper())
-    return Kernels::kPortable;
-  return Kernels::kHopper;
+  const int64_t dp = problem.proxy_head_dim;
+  return dp == 64 || dp == 128 ? hopper_unless_forced() : Kernels::kPortable;
 }
 
 }  // namespace flash_msa::cuda

@@ -34,24 +34,27 @@ void check_limits(const SelectParams& params) {
   check_vector_view("kp", params.kp);
 }
 
+// The Hopper kernel where `hopper` (instantiated for Dp = 64 and 128), else the portable one.
+template <class T, int kDp>
+void launch(const portable::SelectKernelParams& kp, bool hopper, cudaStream_t stream) {
+  if constexpr (kDp != 32) {
+    if (hopper) return sm90::launch_select<T, kDp>(kp, stream);
+  }
+  portable::launch_select<T, kDp>(kp, stream);
+}
+
 template <class T>
 void dispatch_dp(const portable::SelectKernelParams& kp, int64_t dp, bool hopper,
                  cudaStream_t stream) {
   switch (dp) {
     case 32:
-      portable::launch_select<T, 32>(kp, stream);
+      launch<T, 32>(kp, hopper, stream);
       break;
     case 64:
-      if (hopper)
-        sm90::launch_select<T, 64>(kp, stream);
-      else
-        portable::launch_select<T, 64>(kp, stream);
+      launch<T, 64>(kp, hopper, stream);
       break;
     default:
-      if (hopper)
-        sm90::launch_select<T, 128>(kp, stream);
-      else
-        portable::launch_select<T, 128>(kp, stream);
+      launch<T, 128>(kp, hopper, stream);
       break;
   }
 }
