@@ -81,10 +81,10 @@ def fp8(x, granularity, is_key):
 
 def block_scores(qp, kp, rows=512):
     """Per proxy head: (S, blocks) max score of each block strictly before the query's own
-    block, -inf elsewhere (fp32 from the given values)."""
-    seqlen = qp.shape[2]
+    block, -inf elsewhere (fp32 from the given values), on the inputs' device."""
+    seqlen, device = qp.shape[2], qp.device
     nb = (seqlen + BS - 1) // BS
-    out = torch.full((HP, seqlen, nb), -torch.inf)
+    out = torch.full((HP, seqlen, nb), -torch.inf, device=device)
     for p in range(HP):
         k = kp[0, p // (HP // HPK)]
         for i0 in range(0, seqlen, rows):
@@ -94,8 +94,8 @@ def block_scores(qp, kp, rows=512):
                 continue
             s = qp[0, p, i0:i1] @ k[:keys].T
             m = s.unflatten(1, (-1, BS)).amax(dim=2)
-            own = torch.arange(i0, i1) // BS
-            m = m.masked_fill(torch.arange(m.shape[1]) >= own[:, None], -torch.inf)
+            own = torch.arange(i0, i1, device=device) // BS
+            m = m.masked_fill(torch.arange(m.shape[1], device=device) >= own[:, None], -torch.inf)
             out[p, i0:i1, : m.shape[1]] = m
     return out
 

@@ -16,7 +16,15 @@ Measures, on the paper's heads (H=64, Hk=4, Hp=4, Hpk=1, D=Dp=128, K=16 blocks),
     masked SDPA) where it fits in memory;
   - the same stages on selections drawn to follow what the trained example model selects
     (neighbours sharing blocks, near blocks, a sink block; bench/trained_selection.py), next to
-    the proxy's selections on random inputs, with the statistics of both.
+    the proxy's selections on random inputs, with the statistics of both;
+  - on Hopper, the FP8 select (select_dtype=torch.float8_e4m3fn): its time, the step with it,
+    the share of the exact selection's blocks it keeps, and at 32K its overlap and score regret
+    on the three input kinds of bench/fp8_select_quality.py (random, outlier channels,
+    clustered keys);
+  - the shape of Flash-MSA's published GH200 figures (S=16K, H=16, Hk=2, Hp=4, Hpk=1, top-k
+    2048 tokens): the training step through flash_msa_func and autograd, as a user calls it
+    (no KL value, the default; and the KL value from the backward, MSAAttention's default),
+    against cuDNN dense causal attention with the kv heads repeated.
 Timing: CUDA events around each call, warm-up calls first, the median of several calls; inputs
 are random normal (never zeros) and, for each configuration, larger than the 60 MB L2.
 
@@ -43,6 +51,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_msa
+import fp8_select_quality as fp8_study
 from trained_selection import load_target, trained_selection
 
 H, HK, HP, HPK, D, DP, K, BS = 64, 4, 4, 1, 128, 128, 16, 128
@@ -70,6 +79,8 @@ DENSE_MAX_S = 131072      # dense fwd+bwd is quadratic: ~30 s a call at 512K, ~2
 FA2_MAX_S = 32768
 FLEX_S = (32768, 131072)  # each shape compiles FlexAttention anew (tens of seconds)
 TORCH_MSA_MAX_S = 8192    # the plain-torch composition materialises score chunks and masks
+
+FP8_QUALITY_S = 32768     # the regret needs every row's block scores: quadratic in S
 
 START = time.monotonic()
 
@@ -116,6 +127,71 @@ def ceilings():
     cp = time_ms(lambda: y.copy_(x), iters=10, warmup=3)
     return {"bf16_matmul_tflops": round(2 * 8192 ** 3 / mm / 1e9, 1),
             "copy_tbps": round(2 * x.numel() * 2 / cp / 1e9, 3)}
+
+
+def fp8_select_runs():
+    """The FP8 select runs on the Hopper select kernel (compute capability 9.x)."""
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def earlier_blocks(indices):
+    """(B * Hp * S, K - 1): each row's selected blocks before its own (the first K - 1 entries,
+    ascending; only rows with at least K - 1 earlier blocks are meaningful)."""
+    return indices[..., : K - 1].flatten(0, 2).clamp(min=0).long()
+
+
+def kept_share(indices, exact):
+    """The share of the exact selection's earlier blocks that `indices` keeps, over the rows
+    with more than K - 1 earlier blocks (no documents)."""
+    rows = torch.arange(indices.shape[2], device=indices.device) // BS >= K
+    a, b = indices[:, :, rows, : K - 1], exact[:, :, rows, : K - 1]
+    return round((a[..., :, None] == b[..., None, :]).any(-1).float().mean().item(), 5)
+
+
+def fp8_quality(seqlen):
+    """Overlap and regret of the FP8 select against the exact one (bench/fp8_select_quality.py's
+    measures) on each input kind, from the kernels' own selections."""
+    gen = torch.Generator().manual_seed(3)
+    out = {}
+    for kind in fp8_study.KINDS:
+        qp, kp = (x.cuda() for x in fp8_study.make_inputs(kind, seqlen, gen))
+        exact = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, None)
+        fp8 = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, None, 0, True)
+        true = fp8_study.block_scores(qp.float(), kp.float()).flatten(0, 1)
+        out[kind] = fp8_study.summary(*fp8_study.compare(
+            true, earlier_blocks(exact), earlier_blocks(fp8)))
+        log(f"FP8 select at {seqlen}, {kind} inputs: {out[kind]}")
+    return out
+
+
+def gh200_shape(gen):
+    """The training step at the shape of Flash-MSA's GH200 figures, through the public call
+    and autograd, against cuDNN dense causal forward + backward on the same tensors."""
+    s, h, hk, hp, hpk = 16384, 16, 2, 4, 1
+    mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=DT,
+                                    generator=gen).requires_grad_()
+    qp, kp, q, k, v = mk(1, hp, s, DP), mk(1, hpk, s, DP), mk(1, h, s, D), mk(1, hk, s, D), \
+        mk(1, hk, s, D)
+    dout = torch.randn(1, s, h * D, device="cuda", dtype=DT, generator=gen)
+    kl_value = torch.empty((), device="cuda")
+
+    def step(kl_out=None):
+        out, kl = flash_msa.flash_msa_func(qp, kp, q, k, v, K * BS, kl_out=kl_out)
+        torch.autograd.backward((out, kl), (dout, torch.ones_like(kl)))
+
+    res = {"seqlen": s, "heads": {"H": h, "Hk": hk, "Hp": hp, "Hpk": hpk, "D": D, "Dp": DP},
+           "top_k_tokens": K * BS, "step": entry(time_ms(step)),
+           "step_with_kl_value": entry(time_ms(lambda: step(kl_value)))}
+    kd = k.detach().repeat_interleave(h // hk, dim=1).requires_grad_()
+    vd = v.detach().repeat_interleave(h // hk, dim=1).requires_grad_()
+    qd, dd = q.detach().requires_grad_(), dout.view(1, s, h, D).transpose(1, 2)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        res["cudnn_dense_step"] = entry(time_ms(lambda: torch.autograd.backward(
+            F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=SCALE), dd)))
+    for key in ("step", "step_with_kl_value"):
+        res[f"{key}_speedup_over_cudnn"] = round(res["cudnn_dense_step"]["ms"] / res[key]["ms"], 3)
+    log(f"GH200 shape: {res}")
+    return res
 
 
 def doc_layout(batch, seqlen, docs):
@@ -303,8 +379,8 @@ def measure_config(name, batch, seqlen, docs, warmup, selection, gen, results, d
         return flash_msa.ops.backward(dout, kl_grad, *tensors, out, lse, lse_proxy, indices,
                                       SCALE, PROXY_SCALE, cu, kl_out)
 
-    def step(kl_out=None):
-        idx = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu) if not warmup else None
+    def step(kl_out=None, fp8=False):
+        idx = flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu, 0, fp8) if not warmup else None
         if selection == "trained":  # select runs (and is timed); attention takes the drawn ones
             idx = indices
         o, _, l, lp = flash_msa.ops.forward(*tensors, idx, SCALE, PROXY_SCALE, cu, False, None)
@@ -323,6 +399,13 @@ def measure_config(name, batch, seqlen, docs, warmup, selection, gen, results, d
     # The KL value from the backward (kl_out; MSAAttention's default) against no value.
     cfg["step_with_kl_value"] = entry(time_ms(lambda: step(kl_value)), sflop + 3.5 * flop)
     cfg["kl_value_share_of_step"] = round(cfg["step_with_kl_value"]["ms"] / step_ms - 1, 4)
+    if not warmup and selection == "proxy" and fp8_select_runs():
+        fp8 = lambda: flash_msa.ops.select(qp, kp, K, PROXY_SCALE, cu, 0, True)
+        cfg["select_fp8"] = entry(time_ms(fp8), sflop)
+        if docs is None:
+            cfg["select_fp8"]["kept_share"] = kept_share(fp8(), indices)
+        cfg["step_fp8_select"] = entry(time_ms(lambda: step(fp8=True)), sflop + 3.5 * flop)
+        log(f"{name}: FP8 select {cfg['select_fp8']}, step with it {cfg['step_fp8_select']}")
     log(f"{name}: select {cfg.get('select', {}).get('ms', '-')} ms, forward {cfg['forward']['ms']} ms "
         f"({cfg['forward'].get('tflops')} TFLOP/s), backward {cfg['backward']['ms']} ms "
         f"({cfg['backward'].get('tflops')} TFLOP/s), step {step_ms:.1f} ms, with the KL value "
@@ -428,6 +511,10 @@ def main():
     result = {"environment": environment(args.commit)}
     result["ceilings"] = ceilings()
     log(f"ceilings: {result['ceilings']}")
+    if fp8_select_runs():
+        result["fp8_select_quality"] = {"seqlen": FP8_QUALITY_S,
+                                        "kinds": fp8_quality(FP8_QUALITY_S)}
+    result["gh200_shape"] = gh200_shape(gen)
     configs = result["configs"] = []
     todo = [c for c in CONFIGS if not wanted or c[0] in wanted]
     for n, (name, batch, seqlen, docs, warmup, selection) in enumerate(todo, 1):

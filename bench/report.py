@@ -93,6 +93,55 @@ def selection_section(configs):
     return out + [""]
 
 
+def fp8_section(res):
+    """The FP8 select against the exact one: time, step, and what it keeps of the selection."""
+    rows = [c for c in res["configs"] if "select_fp8" in c]
+    if not rows:
+        return []
+    out = [
+        "## FP8 select (`select_dtype=torch.float8_e4m3fn`, Hopper)",
+        "",
+        "| config | select | FP8 select | speedup | blocks kept | step | step with FP8 select |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in rows:
+        f = c["select_fp8"]
+        kept = f"{f['kept_share']:.3f}" if "kept_share" in f else "-"
+        out.append(f"| {c['name']} | {fmt_ms(c['select'])} | {fmt_ms(f)} | "
+                   f"{c['select']['ms'] / f['ms']:.2f}x | {kept} | {fmt_ms(c['step'])} | "
+                   f"{fmt_ms(c['step_fp8_select'])} |")
+    out += [
+        "",
+        "TFLOP/s of both selects count the same executed FLOPs (2 Dp per visible key and "
+        "query), whatever the operand type. Blocks kept: the share of the exact selection's "
+        "K - 1 earlier blocks that the FP8 selection holds too, over the rows with more than "
+        "K - 1 earlier blocks (random inputs). The step runs without the KL value.",
+        "",
+    ]
+    quality = res.get("fp8_select_quality")
+    if quality:
+        out += [
+            f"Selection quality at S = {quality['seqlen']} on the inputs of "
+            "bench/fp8_select_quality.py, from the kernels' own selections:",
+            "",
+            "| inputs | overlap (mean) | overlap (1st percentile) | rows identical | "
+            "regret (99th percentile) | regret (max) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for kind, q in quality["kinds"].items():
+            out.append(f"| {kind} | {q['overlap_mean']:.4f} | {q['overlap_p01']:.3f} | "
+                       f"{q['rows_identical']:.3f} | {q['regret_p99']:.3f} | "
+                       f"{q['regret_max']:.3f} |")
+        out += [
+            "",
+            "Overlap: the share of the exact selection's K - 1 earlier blocks that the FP8 "
+            "selection holds; regret: how far the worst block FP8 took falls below the exact "
+            "(K - 1)-th best, in standard deviations of the row's block scores.",
+            "",
+        ]
+    return out
+
+
 def page(res, json_name, plots, note):
     env, ceil = res["environment"], res["ceilings"]
     heads = env["heads"]
@@ -199,6 +248,26 @@ def page(res, json_name, plots, note):
             "proxy branch's lse; its backward runs without the proxy gradient, as Flex has none.",
             "",
         ]
+    gh = res.get("gh200_shape")
+    if gh:
+        hd = gh["heads"]
+        out += [
+            "## The shape of Flash-MSA's GH200 figures",
+            "",
+            f"S = {gh['seqlen']}, H={hd['H']}, Hk={hd['Hk']}, Hp={hd['Hp']}, Hpk={hd['Hpk']}, "
+            f"D=Dp={hd['D']}, top-k {gh['top_k_tokens']} tokens; the training step through "
+            "`flash_msa_func` and autograd, as a user calls it.",
+            "",
+            "| flash-msa step (no KL value, the default) | with the KL value from the backward "
+            "(`kl_out`) | cuDNN dense causal forward + backward |",
+            "|---|---|---|",
+            f"| {gh['step']['ms']:.2f} ms ({gh['step_speedup_over_cudnn']:.2f}x) | "
+            f"{gh['step_with_kl_value']['ms']:.2f} ms "
+            f"({gh['step_with_kl_value_speedup_over_cudnn']:.2f}x) | "
+            f"{gh['cudnn_dense_step']['ms']:.2f} ms |",
+            "",
+        ]
+    out += fp8_section(res)
     out += selection_section(res["configs"])
     for c in res["configs"]:
         if "kernels" not in c:

@@ -84,12 +84,30 @@ struct Problem {
   int64_t queries() const { return query_len > 0 ? query_len : seqlen; }  // Sq
 };
 
+// How select scores the blocks it ranks.
+enum class SelectPrecision : int32_t {
+  // The scores of SPEC section 1: products of the input dtype summed in fp32 (float64 inputs on
+  // the CPU: double). The default.
+  kExact = 0,
+  // An approximation for long contexts: q_proxy and k_proxy are quantised to FP8 E4M3 inside
+  // the op, with one scale per token and head (amax / 448 of its Dp channels; x / scale rounded
+  // to nearest even, saturated), the products summed in fp32 and scaled back, and the blocks
+  // ranked on those fp32 scores as in kExact. The selection can differ from the exact one where
+  // block scores lie close (docs/performance.md measures the overlap). CUDA: Hopper select
+  // kernel at Dp = 128 only (select_kernels() says kHopper); the CPU backend quantises the same
+  // way and scores in its compute type. Only the ranking changes: forward and backward take
+  // the inputs unquantised.
+  kFloat8E4M3 = 1,
+};
+const char* select_precision_name(SelectPrecision precision);  // "exact" or "float8_e4m3"
+
 // Proxy scores -> max-pool per block -> top-K blocks (own block forced), SPEC section 1.
 struct SelectParams {
   Problem problem;
   ConstView qp;      // [B, Hp, Sq, Dp]
   ConstView kp;      // [B, Hpk, S, Dp]
   int32_t* indices;  // [B, Hp, Sq, K] contiguous; ascending valid blocks, then -1
+  SelectPrecision precision = SelectPrecision::kExact;
 };
 
 // Main attention over the selected blocks (sparse) or all visible keys (warmup), plus the
@@ -131,11 +149,11 @@ struct BackwardParams {
   // [1] out: the KL loss value from the teacher the backward recomputes (the forward's value up
   // to rounding; the forward can then skip its teacher pass); null: not computed.
   void* kl = nullptr;
-  MutView dqp;                      // [B, Hp, Sq, Dp]
-  MutView dkp;                      // [B, Hpk, S, Dp]
-  MutView dq;                       // [B, H, Sq, D]
-  MutView dk;                       // [B, Hk, S, D]
-  MutView dv;                       // [B, Hk, S, D]
+  MutView dqp;  // [B, Hp, Sq, Dp]
+  MutView dkp;  // [B, Hpk, S, Dp]
+  MutView dq;   // [B, H, Sq, D]
+  MutView dk;   // [B, Hk, S, D]
+  MutView dv;   // [B, Hk, S, D]
 };
 
 // Validation shared by every backend; each throws flash_msa::Error.

@@ -203,7 +203,7 @@ cuda::Workspace workspace(size_t bytes, const at::Tensor& like, at::Tensor& hold
 
 at::Tensor select(const at::Tensor& qp_in, const at::Tensor& kp_in, int64_t top_k_blocks,
                   double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
-                  int64_t query_offset) {
+                  int64_t query_offset, bool fp8) {
   const at::Tensor qp = kernel_layout(qp_in, "q_proxy");
   const at::Tensor kp = kernel_layout(kp_in, "k_proxy");
   check_like(kp, qp, "k_proxy");
@@ -217,7 +217,9 @@ at::Tensor select(const at::Tensor& qp_in, const at::Tensor& kp_in, int64_t top_
   const SelectParams params{.problem = problem,
                             .qp = const_view(qp),
                             .kp = const_view(kp),
-                            .indices = indices.mutable_data_ptr<int32_t>()};
+                            .indices = indices.mutable_data_ptr<int32_t>(),
+                            .precision = fp8 ? SelectPrecision::kFloat8E4M3
+                                             : SelectPrecision::kExact};
   if (on_cuda(qp)) {
 #ifdef FLASH_MSA_WITH_CUDA
     const c10::cuda::CUDAGuard guard(qp.device());

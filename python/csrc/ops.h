@@ -18,10 +18,11 @@ namespace flash_msa::torch_ext {
 // include/flash_msa/msa.h).
 
 // Proxy selection. qp [B, Hp, Sq, Dp], kp [B, Hpk, S, Dp] -> indices int32
-// [B, Hp, Sq, top_k_blocks] (blocks of 128 keys ascending, -1 padding).
+// [B, Hp, Sq, top_k_blocks] (blocks of 128 keys ascending, -1 padding). fp8: rank on FP8 E4M3
+// scores (SelectPrecision::kFloat8E4M3) instead of the exact ones.
 at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k_blocks,
                   double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
-                  int64_t query_offset);
+                  int64_t query_offset, bool fp8);
 
 // Forward of both branches: sparse over `indices`, or dense (warmup) when `indices` is absent.
 // Returns out [B, Sq, H*D] (token-major, as Flash-MSA), kl (0-dim: the KL value when

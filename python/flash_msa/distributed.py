@@ -34,6 +34,7 @@ from .interface import (
     BLOCK_SIZE,
     _check_all,
     _check_kl_out,
+    _check_select_dtype,
     _check_top_k,
     _fail,
     _scales,
@@ -186,7 +187,7 @@ class ContextParallel:
 class _ContextParallelMSA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_proxy, k_proxy, q, k, v, cp, top_k_blocks, scale, proxy_scale, cu_seqlens,
-                compute_kl, kl_out):
+                compute_kl, kl_out, fp8):
         seqlen = q.shape[2] * cp.world
         kp_all, k_all, v_all = cp._gather(k_proxy), cp._gather(k), cp._gather(v)
         segments = cp.segments(seqlen)
@@ -198,7 +199,7 @@ class _ContextParallelMSA(torch.autograd.Function):
             indices = None
             if top_k_blocks is not None:
                 indices = ops.select(qp_s, kp_all, top_k_blocks, proxy_scale, cu_seqlens,
-                                     s.position)
+                                     s.position, fp8)
             out, kl_s, lse, lse_proxy = ops.forward(
                 qp_s, kp_all, q_s, k_all, v_all, indices, scale, proxy_scale, cu_seqlens,
                 compute_kl, None, s.position)
@@ -252,7 +253,7 @@ class _ContextParallelMSA(torch.autograd.Function):
         dk = cp._scatter_sum(dk_all).to(dtype)
         dv = cp._scatter_sum(dv_all).to(dtype)
         cat = lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs, 2)  # noqa: E731
-        return (cat(dqp), dkp, cat(dq), dk, dv) + (None,) * 7
+        return (cat(dqp), dkp, cat(dq), dk, dv) + (None,) * 8
 
 
 def msa_func(
@@ -271,6 +272,7 @@ def msa_func(
     return_kl: bool = True,
     compute_kl: bool = False,
     kl_out: Optional[Tensor] = None,
+    select_dtype: Optional[torch.dtype] = None,
 ):
     """:func:`flash_msa.flash_msa_func` (``warmup=True``: :func:`flash_msa.flash_msa_warmup_func`)
     on this rank's shard of a context-parallel sequence.
@@ -288,6 +290,7 @@ def msa_func(
     _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens)
     _check_kl_out(kl_out, q)
     top_k_blocks = None if warmup else _check_top_k(top_k) // BLOCK_SIZE
+    fp8 = _check_select_dtype(select_dtype, q_proxy)
     local = q.shape[2]
     cp.segments(local * cp.world)  # the layout's constraint on the length
     if cp._gpus_only() and q.device.type != "cuda":
@@ -304,7 +307,7 @@ def msa_func(
     ], q.device)
     main_scale, proxy = _scales(q_proxy, q, scale, proxy_scale)
     out, kl = _ContextParallelMSA.apply(q_proxy, k_proxy, q, k, v, cp, top_k_blocks, main_scale,
-                                        proxy, cu_seqlens, bool(compute_kl), kl_out)
+                                        proxy, cu_seqlens, bool(compute_kl), kl_out, fp8)
     return (out, kl) if return_kl else out
 
 

@@ -55,6 +55,9 @@ class MSAAttention(nn.Module):
     ``kl_loss`` hold it right after the forward, at the cost of an extra pass; by default
     ``kl_loss`` is 0 in value and only carries the proxy gradient.
 
+    ``select_dtype=torch.float8_e4m3fn`` ranks the blocks on FP8 scores in sparse mode
+    (:func:`flash_msa.select_blocks`); warmup selects nothing and ignores it.
+
     Context parallelism: after :func:`flash_msa.distributed.set_context_parallel` the layer
     takes this rank's shard of the hidden states (in the group's layout), applies RoPE at the
     tokens' global positions and runs :func:`flash_msa.distributed.msa_func`; ``cu_seqlens``
@@ -76,6 +79,7 @@ class MSAAttention(nn.Module):
         warmup: bool = False,
         bias: bool = False,
         compute_kl: bool = False,
+        select_dtype: Optional[torch.dtype] = None,
         device=None,
         dtype=None,
     ):
@@ -104,7 +108,7 @@ class MSAAttention(nn.Module):
         self.num_proxy_heads, self.num_proxy_kv_heads = num_proxy_heads, num_proxy_kv_heads
         self.proxy_head_dim = proxy_head_dim
         self.top_k, self.rope_base, self.warmup = top_k, rope_base, warmup
-        self.compute_kl = compute_kl
+        self.compute_kl, self.select_dtype = compute_kl, select_dtype
         factory = dict(device=device, dtype=dtype)
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
@@ -163,14 +167,15 @@ class MSAAttention(nn.Module):
             out, kl = msa_func(
                 q_proxy, k_proxy, q, k, v, self.top_k, context_parallel=cp,
                 cu_seqlens=cu_seqlens, warmup=self.warmup, compute_kl=self.compute_kl,
-                kl_out=self.kl_value,
+                kl_out=self.kl_value, select_dtype=None if self.warmup else self.select_dtype,
             )
             return self.o_proj(out), kl
         q_proxy, k_proxy, q, k, v = self.projections(hidden)
+        sparse = {} if self.warmup else {"select_dtype": self.select_dtype}
         attend = flash_msa_warmup_func if self.warmup else flash_msa_func
         out, kl = attend(
             q_proxy, k_proxy, q, k, v, self.top_k, cu_seqlens=cu_seqlens,
-            compute_kl=self.compute_kl, kl_out=self.kl_value,
+            compute_kl=self.compute_kl, kl_out=self.kl_value, **sparse,
         )
         return self.o_proj(out), kl
 

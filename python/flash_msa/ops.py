@@ -9,7 +9,8 @@ enqueue kernels on the current stream, so they can be captured in a CUDA graph.
 The arguments are checked by the public functions in ``interface.py``; these ops are the raw
 layer underneath. Their arguments are positional (torch custom ops cannot take tensors as
 keyword-only arguments), in the order of the public functions: ``scale``, ``proxy_scale``,
-``cu_seqlens``, then ``query_offset``. ``select`` takes ``top_k_blocks`` in blocks of 128 keys.
+``cu_seqlens``, then ``query_offset``. ``select`` takes ``top_k_blocks`` in blocks of 128 keys
+and, last, ``fp8``: rank on FP8 E4M3 scores (the public ``select_dtype=torch.float8_e4m3fn``).
 
 ``query_offset`` (0 for a whole sequence) places a shard of the queries: the query-side tensors
 (``qp``, ``q``, ``out``, ``dout``, ``lse``, ``lse_proxy``, ``indices``) hold Sq tokens, query i at
@@ -41,13 +42,14 @@ def select(
     proxy_scale: float,
     cu_seqlens: Optional[Tensor],
     query_offset: int = 0,
+    fp8: bool = False,
 ) -> Tensor:
     """Indices int32 [B, Hp, Sq, top_k_blocks]: selected blocks ascending, then -1 padding."""
-    return _C.select(qp, kp, top_k_blocks, proxy_scale, cu_seqlens, query_offset)
+    return _C.select(qp, kp, top_k_blocks, proxy_scale, cu_seqlens, query_offset, fp8)
 
 
 @select.register_fake
-def _select_fake(qp, kp, top_k_blocks, proxy_scale, cu_seqlens, query_offset=0):
+def _select_fake(qp, kp, top_k_blocks, proxy_scale, cu_seqlens, query_offset=0, fp8=False):
     batch, proxy_heads, seqlen, _ = qp.shape
     return qp.new_empty((batch, proxy_heads, seqlen, top_k_blocks), dtype=torch.int32)
 

@@ -30,4 +30,14 @@ size_t dtype_size(DType dtype) {
   fail("dtype", "float32, float64, float16 or bfloat16", str(static_cast<int32_t>(dtype)));
 }
 
+const char* select_precision_name(SelectPrecision precision) {
+  switch (precision) {
+    case SelectPrecision::kExact:
+      return "exact";
+    case SelectPrecision::kFloat8E4M3:
+      return "float8_e4m3";
+  }
+  return "unknown";
+}
+
 }  // namespace flash_msa

@@ -89,6 +89,9 @@ void validate(const SelectParams& params) {
   check_view("qp", params.qp, params.problem.proxy_head_dim, "proxy_head_dim");
   check_view("kp", params.kp, params.problem.proxy_head_dim, "proxy_head_dim");
   check_pointer("indices", params.indices);
+  if (params.precision != SelectPrecision::kExact &&
+      params.precision != SelectPrecision::kFloat8E4M3)
+    fail("precision", "kExact or kFloat8E4M3", str(static_cast<int32_t>(params.precision)));
 }
 
 void validate(const ForwardParams& params, bool warmup) {

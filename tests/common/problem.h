@@ -234,11 +234,12 @@ inline void expect_all_written(const std::vector<float>& v, const char* name) {
   EXPECT_EQ(n, 0) << name << ": elements left unwritten (NaN poison) or NaN";
 }
 
-inline std::vector<int32_t> run_select(const Config& cfg, const Inputs& in) {
+inline std::vector<int32_t> run_select(const Config& cfg, const Inputs& in,
+                                       SelectPrecision precision = SelectPrecision::kExact) {
   const Buffer qp = Buffer::from(in.qp, cfg.dtype, cfg.layout);
   const Buffer kp = Buffer::from(in.kp, cfg.dtype, cfg.layout);
   std::vector<int32_t> indices(cfg.index_count(), kIndexPoison);
-  SelectParams params{cfg.problem(), qp.cview(), kp.cview(), indices.data()};
+  SelectParams params{cfg.problem(), qp.cview(), kp.cview(), indices.data(), precision};
   cpu::select(params);
   int64_t unwritten = 0;
   for (int32_t x : indices) unwritten += x == kIndexPoison;

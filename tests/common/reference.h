@@ -116,6 +116,56 @@ inline RefForward ref_forward(const Config& cfg, const Inputs& in, bool warmup,
   return r;
 }
 
+// ---- the FP8 select's quantisation (SelectPrecision::kFloat8E4M3, msa.h), by brute force ----
+
+// The value of the non-negative finite E4M3 code c (0 .. 0x7e): exponent c / 8 with bias 7,
+// subnormal below 8.
+inline double e4m3_value(int code) {
+  const int e = code >> 3, m = code & 7;
+  return e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+}
+
+// The E4M3 code nearest to x, the even code on a tie, +-448 beyond; NaN is never passed.
+inline uint8_t nearest_e4m3(float x) {
+  const double a = std::fabs(double(x));
+  int best = 0;
+  for (int c = 1; c <= 0x7e; ++c) {
+    const double d = std::fabs(e4m3_value(c) - a), d_best = std::fabs(e4m3_value(best) - a);
+    if (d < d_best || (d == d_best && c % 2 == 0)) best = c;
+  }
+  return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
+}
+
+inline float e4m3_scale_of(const float* row, int64_t n) {
+  float amax = 0.f;
+  for (int64_t c = 0; c < n; ++c) amax = std::max(amax, std::fabs(row[c]));
+  return amax > 0.f ? amax / 448.f : 1.f;
+}
+
+// t with every token row replaced by what its FP8 quantisation dequantises to: code of
+// x / scale, times scale (scale = amax / 448 of the row).
+inline Tensor fp8_dequantised(const Tensor& t) {
+  Tensor out = t;
+  for (size_t r = 0; r * t.n3 < t.v.size(); ++r) {
+    float* row = &out.v[r * static_cast<size_t>(t.n3)];
+    const float scale = e4m3_scale_of(row, t.n3);
+    for (int64_t c = 0; c < t.n3; ++c) {
+      const uint8_t code = nearest_e4m3(row[c] / scale);
+      const double v = e4m3_value(code & 0x7f);
+      row[c] = static_cast<float>((code & 0x80 ? -v : v) * scale);
+    }
+  }
+  return out;
+}
+
+// The proxy inputs as the FP8 select scores them.
+inline Inputs fp8_inputs(const Inputs& in) {
+  Inputs out = in;
+  out.qp = fp8_dequantised(in.qp);
+  out.kp = fp8_dequantised(in.kp);
+  return out;
+}
+
 // Checks a selection against float64 block scores (SPEC 1 and 6): per row, valid entries strictly
 // ascending then -1s, every valid entry a visible block at or before the own block, the own block
 // present, min(K, visible blocks) valid entries, and each selected block's score >= the score of

@@ -1,6 +1,9 @@
 // CUDA proxy select (SPEC section 1) against float64 block scores and the CPU backend: format
 // (ascending, -1 padding, own block), top-K by score, ties, packed documents, strided views,
-// golden cases, the backend's argument limits, and (disabled by default) the paper-shape timing.
+// golden cases, the backend's argument limits, the FP8 select (its quantisation, ranking and
+// errors), and (disabled by default) the paper-shape timing.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +21,7 @@
 #include "common/problem.h"
 #include "common/reference.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/select/sm90/select_sm90.h"
 #include "flash_msa/cuda.h"
 
 namespace flash_msa::test {
@@ -30,7 +34,8 @@ ConstView device_view(const DeviceMemory& mem, const Packed& p) {
 }
 
 // Runs cuda::select with poisoned indices; fails the test if any entry is left unwritten.
-std::vector<int32_t> run_cuda_select(const Config& cfg, const Inputs& in) {
+std::vector<int32_t> run_cuda_select(const Config& cfg, const Inputs& in,
+                                     SelectPrecision precision = SelectPrecision::kExact) {
   const Packed qp = pack(in.qp, cfg.dtype, cfg.layout);
   const Packed kp = pack(in.kp, cfg.dtype, cfg.layout);
   DeviceMemory dqp(qp.bits.data(), qp.bits.size() * 2);
@@ -41,7 +46,7 @@ std::vector<int32_t> run_cuda_select(const Config& cfg, const Inputs& in) {
   Problem pr = cfg.problem();
   pr.cu_seqlens = cfg.cu_seqlens.empty() ? nullptr : static_cast<const int32_t*>(dcu.get());
   const SelectParams params{pr, device_view(dqp, qp), device_view(dkp, kp),
-                            static_cast<int32_t*>(didx.get())};
+                            static_cast<int32_t*>(didx.get()), precision};
   DeviceMemory ws(cuda::select_workspace_bytes(params));
   cuda::select(params, {ws.get(), ws.bytes()}, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -157,10 +162,27 @@ TEST_F(CudaSelectPortable, ShapesMatchCpu) {
 // the Hopper kernel's tiles differently from the whole call, with packed documents.
 using CudaSelectShard = CudaTest;
 
+// The FP8 select on a device that runs it: compute capability 9.x with sm_90a code.
+bool fp8_select_runs() {
+  Problem pr;
+  pr.proxy_head_dim = 128;
+  return cuda::select_kernels(pr) == cuda::Kernels::kHopper;
+}
+
 TEST_F(CudaSelectShard, RowsEqualTheWholeCall) {
-  for (const bool portable : {false, true}) {
-    for (const int64_t dp : {64, 128}) {
-      SCOPED_TRACE(std::string(portable ? "portable " : "default ") + std::to_string(dp));
+  struct Case {
+    bool portable;
+    int64_t dp;
+    SelectPrecision precision;
+  };
+  std::vector<Case> cases;
+  for (const bool portable : {false, true})
+    for (const int64_t dp : {64, 128}) cases.push_back({portable, dp, SelectPrecision::kExact});
+  if (fp8_select_runs()) cases.push_back({false, 128, SelectPrecision::kFloat8E4M3});
+  for (const auto& [portable, dp, precision] : cases) {
+    {
+      SCOPED_TRACE(std::string(portable ? "portable " : "default ") + std::to_string(dp) + " " +
+                   select_precision_name(precision));
       std::optional<PortableKernels> forced;
       if (portable) forced.emplace();
       Config cfg;
@@ -168,7 +190,7 @@ TEST_F(CudaSelectShard, RowsEqualTheWholeCall) {
       cfg.dtype = DType::kBFloat16;
       cfg.cu_seqlens = {0, 300, 1000, 1450, 2000};
       const Inputs in = random_inputs(cfg.d, 11 + static_cast<uint32_t>(dp), cfg.dtype);
-      const std::vector<int32_t> whole = run_cuda_select(cfg, in);
+      const std::vector<int32_t> whole = run_cuda_select(cfg, in, precision);
       const Packed qp = pack(in.qp, cfg.dtype, cfg.layout);
       const Packed kp = pack(in.kp, cfg.dtype, cfg.layout);
       DeviceMemory dqp(qp.bits.data(), qp.bits.size() * 2);
@@ -187,7 +209,7 @@ TEST_F(CudaSelectShard, RowsEqualTheWholeCall) {
         const ConstView shard{static_cast<const uint16_t*>(dqp.get()) + q0 * qp.stride_s,
                               qp.stride_b, qp.stride_h, qp.stride_s};
         const SelectParams params{pr, shard, device_view(dkp, kp),
-                                  static_cast<int32_t*>(didx.get())};
+                                  static_cast<int32_t*>(didx.get()), precision};
         DeviceMemory ws(cuda::select_workspace_bytes(params));
         cuda::select(params, {ws.get(), ws.bytes()}, nullptr);
         CUDA_OK(cudaDeviceSynchronize());
@@ -202,6 +224,138 @@ TEST_F(CudaSelectShard, RowsEqualTheWholeCall) {
       }
     }
   }
+}
+
+// ---- the FP8 select (SelectPrecision::kFloat8E4M3: Hopper kernel, Dp = 128) ----
+
+using CudaSelectFp8 = CudaTest;
+
+// The quantisation writes the E4M3 code nearest to x / scale (ties to even, saturated) and
+// scale = amax / 448 per row, bit for bit as the brute-force reference, with zeros past the
+// tokens: rows of magnitudes 2^-12 .. 2^7, a row of zeros, a row that reaches the subnormal
+// codes, and values on the midpoints between codes.
+template <class T>
+void check_quantisation(DType dtype) {
+  constexpr int64_t kDp = 128, heads = 3, tokens = 50, padded = 64;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(heads * tokens * kDp));
+  for (int64_t r = 0; r < heads * tokens; ++r) {
+    float* row = &x[static_cast<size_t>(r * kDp)];
+    for (int64_t c = 0; c < kDp; ++c)
+      row[c] = round_to(dtype, normal(rng) * std::ldexp(1.f, static_cast<int>(r % 20) - 12));
+  }
+  std::fill(x.begin() + 7 * kDp, x.begin() + 8 * kDp, 0.f);  // a row of zeros
+  x[9 * kDp] = 448.f;  // scale 1: the rest lands on the small and subnormal codes
+  for (int64_t c = 1; c < kDp; ++c) x[static_cast<size_t>(9 * kDp + c)] *= 1e-2f;
+  x[10 * kDp] = -448.f;  // scale 1 again: midpoints between codes, and the smallest code
+  const float mids[] = {1.0625f, 0.0009765625f, 0.0029296875f, -1.1875f, 432.f, 0.001953125f};
+  for (int c = 0; c < 6; ++c) x[static_cast<size_t>(10 * kDp + 1 + c)] = mids[c];
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    bits[i] = dtype == DType::kBFloat16 ? host::float_to_bf16(x[i]) : host::float_to_fp16(x[i]);
+  DeviceMemory in(bits.data(), bits.size() * 2);
+  std::vector<uint8_t> out(static_cast<size_t>(heads * padded * kDp), 0xAB);
+  std::vector<float> scales(static_cast<size_t>(heads * padded), kNaN);
+  DeviceMemory dout(out.data(), out.size()), dscales(scales.data(), scales.size() * 4);
+  cuda::sm90::launch_quantize<T>({.in = contiguous_view<const void>(in.get(), heads, tokens, kDp),
+                                  .out = static_cast<uint8_t*>(dout.get()),
+                                  .scales = static_cast<float*>(dscales.get()),
+                                  .rows = heads * padded,
+                                  .heads = static_cast<int>(heads),
+                                  .tokens = static_cast<int>(tokens),
+                                  .padded = static_cast<int>(padded)},
+                                 nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(out.data(), dout.get(), out.size(), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(scales.data(), dscales.get(), scales.size() * 4, cudaMemcpyDeviceToHost));
+  int64_t bad_codes = 0, bad_scales = 0;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t s = 0; s < padded; ++s) {
+      const int64_t r = h * padded + s;
+      const float* row = &x[static_cast<size_t>((h * tokens + s) * kDp)];
+      const float scale = s < tokens ? e4m3_scale_of(row, kDp) : 1.f;
+      bad_scales += scales[static_cast<size_t>(r)] != scale;
+      for (int64_t c = 0; c < kDp; ++c) {
+        const uint8_t want = s < tokens ? nearest_e4m3(row[c] / scale) : 0;
+        bad_codes += out[static_cast<size_t>(r * kDp + c)] != want;
+      }
+    }
+  EXPECT_EQ(bad_codes, 0) << "E4M3 codes that differ from the nearest";
+  EXPECT_EQ(bad_scales, 0) << "row scales that differ from amax / 448";
+}
+
+TEST_F(CudaSelectFp8, QuantisationIsNearestE4M3) {
+  if (!fp8_select_runs()) GTEST_SKIP() << "the FP8 select needs the Hopper select kernel";
+  check_quantisation<__nv_bfloat16>(DType::kBFloat16);
+  check_quantisation<__half>(DType::kFloat16);
+}
+
+// Over the Dp = 128 select shapes, keys of magnitudes 2^-3 .. 2^3: the selection is a top-K
+// of the float64 scores of the dequantised proxies, and agrees with the CPU backend's FP8
+// select.
+TEST_F(CudaSelectFp8, TopKOfTheQuantisedScores) {
+  if (!fp8_select_runs()) GTEST_SKIP() << "the FP8 select needs the Hopper select kernel";
+  for (const ShapeCase& sc : select_shapes()) {
+    if (sc.d.Dp != 128) continue;
+    for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      SCOPED_TRACE(std::string(sc.name) + " " + dtype_name(dtype));
+      const Config cfg = case_config(sc, dtype);
+      Inputs in = random_inputs(cfg.d, 9 + static_cast<uint32_t>(sc.d.S), dtype);
+      for (size_t x = 0; x < in.kp.v.size(); ++x)
+        in.kp.v[x] = round_to(dtype, in.kp.v[x] * std::ldexp(1.f, int(x / 128 % 7) - 3));
+      const std::vector<int32_t> gpu = run_cuda_select(cfg, in, SelectPrecision::kFloat8E4M3);
+      // The scores' fp32 sums (FP8 tensor cores, float64) differ by far less than 1e-2 of
+      // scores of magnitude ~1 .. 40, the FP8 rounding itself by ~5e-2 of the row's spread.
+      std::string first;
+      EXPECT_EQ(selection_errors(cfg, fp8_inputs(in), gpu, 1e-2, &first), 0) << first;
+      Config host = cfg;
+      host.layout = Layout::kContiguous;
+      const std::vector<int32_t> cpu = run_select(host, in, SelectPrecision::kFloat8E4M3);
+      const int64_t rows = cfg.d.B * cfg.d.Hp * cfg.d.S;
+      const int64_t diff = differing_rows(gpu, cpu, cfg.d.K);
+      EXPECT_LE(diff, rows / 100) << "rows whose selection differs from the CPU FP8 select";
+      std::printf("[ select fp8 ] %s %s: %lld of %lld rows differ from cpu::select (fp8)\n",
+                  sc.name, dtype_name(dtype), static_cast<long long>(diff),
+                  static_cast<long long>(rows));
+    }
+  }
+}
+
+// Errors: a proxy head dim without the path, a device or build without the Hopper kernel (or
+// the portable kernels forced), a workspace too small, a precision out of the enum.
+TEST_F(CudaSelectFp8, RejectedWithNamedArgument) {
+  Config cfg;
+  cfg.d = {.B = 1, .S = 256, .H = 1, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 8, .Dp = 128, .K = 2};
+  cfg.dtype = DType::kBFloat16;
+  DeviceMemory qp(size_t(cfg.d.S * 128 * 2)), kp(size_t(cfg.d.S * 128 * 2));
+  DeviceMemory idx(cfg.index_count() * 4);
+  auto params = [&](const Config& c, SelectPrecision precision) {
+    return SelectParams{c.problem(), contiguous_view<const void>(qp.get(), c.d.Hp, c.d.S, c.d.Dp),
+                        contiguous_view<const void>(kp.get(), c.d.Hpk, c.d.S, c.d.Dp),
+                        static_cast<int32_t*>(idx.get()), precision};
+  };
+  const SelectParams fp8 = params(cfg, SelectPrecision::kFloat8E4M3);
+  DeviceMemory ws(cuda::select_workspace_bytes(fp8));
+  EXPECT_GT(ws.bytes(), 0u);
+  EXPECT_MSA_ERROR(cuda::select(params(cfg, static_cast<SelectPrecision>(7)), {}, nullptr),
+                   "precision");
+  if (!fp8_select_runs()) {
+    EXPECT_MSA_ERROR(cuda::select(fp8, {ws.get(), ws.bytes()}, nullptr), "precision");
+    return;
+  }
+  Config c = cfg;
+  c.d.Dp = 64;
+  EXPECT_MSA_ERROR(
+      cuda::select(params(c, SelectPrecision::kFloat8E4M3), {ws.get(), ws.bytes()}, nullptr),
+      "proxy_head_dim");
+  EXPECT_MSA_ERROR(cuda::select(fp8, {ws.get(), ws.bytes() - 256}, nullptr), "workspace");
+  {
+    const PortableKernels forced;
+    EXPECT_MSA_ERROR(cuda::select(fp8, {ws.get(), ws.bytes()}, nullptr), "precision");
+  }
+  cuda::select(fp8, {ws.get(), ws.bytes()}, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
 }
 
 using CudaSelectTies = CudaTest;
@@ -372,7 +526,8 @@ TEST_F(CudaSelectLimits, RejectedWithNamedArgument) {
 }
 
 // ---- timing at the paper's proxy shape (run with --gtest_also_run_disabled_tests; with
-// FLASH_MSA_PORTABLE_KERNELS=1 for the portable kernel) ----
+// FLASH_MSA_PORTABLE_KERNELS=1 for the portable kernel), exact and, where it runs, FP8 with
+// its overlap with the exact selection ----
 
 using CudaSelectPerf = CudaTest;
 
@@ -395,44 +550,59 @@ TEST_F(CudaSelectPerf, DISABLED_PaperShape) {
     DeviceMemory qp(host.data(), size_t(d.Hp * S * d.Dp * 2));
     DeviceMemory kp(host.data() + d.Hp * S * d.Dp, size_t(d.Hpk * S * d.Dp * 2));
     DeviceMemory idx(cfg.index_count() * 4);
-    CUDA_OK(cudaMemset(idx.get(), 0x80, idx.bytes()));
-    const SelectParams params{cfg.problem(), contiguous_view<const void>(qp.get(), d.Hp, S, d.Dp),
-                              contiguous_view<const void>(kp.get(), d.Hpk, S, d.Dp),
-                              static_cast<int32_t*>(idx.get())};
-    cudaEvent_t start, stop;
-    CUDA_OK(cudaEventCreate(&start));
-    CUDA_OK(cudaEventCreate(&stop));
-    const int iterations = S >= 524288 ? 3 : 10;
-    for (int w = 0; w < 2; ++w) cuda::select(params, {}, nullptr);
-    std::vector<float> ms;
-    for (int it = 0; it < iterations; ++it) {
-      CUDA_OK(cudaEventRecord(start));
-      cuda::select(params, {}, nullptr);
-      CUDA_OK(cudaEventRecord(stop));
-      CUDA_OK(cudaEventSynchronize(stop));
-      float t = 0;
-      CUDA_OK(cudaEventElapsedTime(&t, start, stop));
-      ms.push_back(t);
+    std::vector<int32_t> exact;
+    for (const SelectPrecision precision :
+         {SelectPrecision::kExact, SelectPrecision::kFloat8E4M3}) {
+      if (precision == SelectPrecision::kFloat8E4M3 && !fp8_select_runs()) continue;
+      CUDA_OK(cudaMemset(idx.get(), 0x80, idx.bytes()));
+      const SelectParams params{cfg.problem(), contiguous_view<const void>(qp.get(), d.Hp, S, d.Dp),
+                                contiguous_view<const void>(kp.get(), d.Hpk, S, d.Dp),
+                                static_cast<int32_t*>(idx.get()), precision};
+      DeviceMemory ws(cuda::select_workspace_bytes(params));
+      const cuda::Workspace workspace{ws.get(), ws.bytes()};
+      cudaEvent_t start, stop;
+      CUDA_OK(cudaEventCreate(&start));
+      CUDA_OK(cudaEventCreate(&stop));
+      const int iterations = S >= 524288 ? 3 : 10;
+      for (int w = 0; w < 2; ++w) cuda::select(params, workspace, nullptr);
+      std::vector<float> ms;
+      for (int it = 0; it < iterations; ++it) {
+        CUDA_OK(cudaEventRecord(start));
+        cuda::select(params, workspace, nullptr);
+        CUDA_OK(cudaEventRecord(stop));
+        CUDA_OK(cudaEventSynchronize(stop));
+        float t = 0;
+        CUDA_OK(cudaEventElapsedTime(&t, start, stop));
+        ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double flops = 2.0 * d.Hp * d.Dp * double(S) * double(S) / 2;
+      std::vector<int32_t> out(cfg.index_count());
+      CUDA_OK(cudaMemcpy(out.data(), idx.get(), idx.bytes(), cudaMemcpyDeviceToHost));
+      int64_t bad = 0, shared = 0, chosen = 0;
+      for (int64_t r = 0; r < d.Hp * S; ++r) {
+        const int32_t own = static_cast<int32_t>((r % S) / kBlockSize);
+        const int32_t* row = &out[static_cast<size_t>(r * d.K)];
+        bad += std::find(row, row + d.K, own) == row + d.K;
+        if (exact.empty() || own < d.K - 1) continue;  // overlap over rows with a choice to make
+        const int32_t* want = &exact[static_cast<size_t>(r * d.K)];
+        for (int64_t x = 0; x < d.K; ++x)
+          if (row[x] != own) shared += std::find(want, want + d.K, row[x]) != want + d.K;
+        chosen += d.K - 1;
+      }
+      EXPECT_EQ(bad, 0) << "rows without their own block";
+      std::printf(
+          "[ perf ] select (%s, %s) B=1 Hp=4 Hpk=1 Dp=128 bf16 K=%lld S=%lld: median %.3f ms "
+          "(min %.3f), %.1f TFLOP/s",
+          cuda::kernels_name(cuda::select_kernels(params.problem)),
+          select_precision_name(precision), static_cast<long long>(K), static_cast<long long>(S),
+          ms[ms.size() / 2], ms[0], flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
+      if (chosen > 0) std::printf(", overlap with exact %.4f", double(shared) / double(chosen));
+      std::printf("\n");
+      if (exact.empty()) exact = std::move(out);
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
     }
-    std::sort(ms.begin(), ms.end());
-    const double flops = 2.0 * d.Hp * d.Dp * double(S) * double(S) / 2;
-    std::printf(
-        "[ perf ] select (%s) B=1 Hp=4 Hpk=1 Dp=128 bf16 K=%lld S=%lld: median %.3f ms "
-        "(min %.3f), %.1f TFLOP/s\n",
-        cuda::kernels_name(cuda::select_kernels(params.problem)), static_cast<long long>(K),
-        static_cast<long long>(S), ms[ms.size() / 2], ms[0],
-        flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
-    std::vector<int32_t> out(cfg.index_count());
-    CUDA_OK(cudaMemcpy(out.data(), idx.get(), idx.bytes(), cudaMemcpyDeviceToHost));
-    int64_t bad = 0;
-    for (int64_t r = 0; r < d.Hp * S; ++r) {
-      const int32_t own = static_cast<int32_t>((r % S) / kBlockSize);
-      const int32_t* row = &out[static_cast<size_t>(r * d.K)];
-      bad += std::find(row, row + d.K, own) == row + d.K;
-    }
-    EXPECT_EQ(bad, 0) << "rows without their own block";
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
   }
 }
 

@@ -36,6 +36,15 @@ def proxy_scores(qp: Tensor, kp: Tensor, proxy_scale: float) -> Tensor:
     return (qp @ kp.transpose(-1, -2)) * proxy_scale
 
 
+def fp8_dequantised(x: Tensor) -> Tensor:
+    """x (float) as the FP8 select scores it: each token row quantised to torch.float8_e4m3fn
+    with the scale amax / 448 (1 for a row of zeros), then dequantised, in float64."""
+    x = x.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (x / scale).to(torch.float8_e4m3fn).double() * scale.double()
+
+
 def block_scores(qp: Tensor, kp: Tensor, proxy_scale: float, cu_seqlens=None) -> Tensor:
     """m(p, i, n) in float64, (B, Hp, S, NB): +inf on the own block, -inf without visible keys."""
     batch, _, seqlen, _ = qp.shape

@@ -39,3 +39,19 @@ def test_one_small_configuration(bench, docs, warmup, selection):
     assert "error" not in cfg
     if selection == "trained":
         assert cfg["selection_fit"]["drawn"]["rows"] > 0
+    if not warmup and selection == "proxy" and bench.fp8_select_runs():
+        assert cfg["select_fp8"]["ms"] > 0 and cfg["step_fp8_select"]["ms"] > 0
+        if docs is None:
+            assert 0.8 < cfg["select_fp8"]["kept_share"] < 1
+
+
+def test_fp8_select_quality(bench):
+    if not bench.fp8_select_runs():
+        pytest.skip("the FP8 select runs on the Hopper select kernel (compute capability 9.x)")
+    for kind, s in bench.fp8_quality(4096).items():
+        assert 0.8 < s["overlap_mean"] < 1 and s["regret_max"] >= 0, kind
+
+
+def test_gh200_shape(bench):
+    res = bench.gh200_shape(torch.Generator(device="cuda").manual_seed(8))
+    assert res["step"]["ms"] > 0 and res["cudnn_dense_step"]["ms"] > 0

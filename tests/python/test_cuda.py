@@ -7,6 +7,8 @@ G = H / Hp <= 64 (16 in warmup) and (D, Dp) in {(32, 32), (64, 32), (64, 64), (1
 (128, 128)}.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -66,6 +68,41 @@ def test_selection_by_score(shape, dtype):
     scores = ref.block_scores(inputs["qp"].cpu(), inputs["kp"].cpu(), shape.Dp ** -0.5, shape.cu())
     finite = scores[scores.isfinite()].abs().max().item()
     check_selection(indices, scores, shape.K, finite * 2.0 ** -7)
+
+
+hopper_select = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+    or os.environ.get("FLASH_MSA_PORTABLE_KERNELS", "0") not in ("", "0"),
+    reason="the FP8 select runs on the Hopper select kernel (compute capability 9.x)",
+)
+
+
+@hopper_select
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp8_selection_ranks_the_quantised_scores(dtype):
+    shape = Shape(B=2, S=1500, H=4, Hk=1, Hp=2, Hpk=1, D=128, Dp=128, K=6,
+                  cu_seqlens=(0, 1100, 1500, 2300, 3000))
+    inputs = random_inputs(shape, dtype, seed=43, device="cuda")
+    indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K,
+                                      cu_seqlens=shape.cu("cuda"), select_dtype=torch.float8_e4m3fn)
+    scores = ref.block_scores(ref.fp8_dequantised(inputs["qp"].cpu()),
+                              ref.fp8_dequantised(inputs["kp"].cpu()), shape.Dp ** -0.5, shape.cu())
+    finite = scores[scores.isfinite()].abs().max().item()
+    check_selection(indices, scores, shape.K, finite * 2.0 ** -10)
+    # The step takes FP8-ranked blocks like any others.
+    q = inputs["q"].requires_grad_()
+    out, _ = flash_msa.flash_msa_func(inputs["qp"], inputs["kp"], q, inputs["k"], inputs["v"],
+                                      shape.K * 128, cu_seqlens=shape.cu("cuda"),
+                                      select_dtype=torch.float8_e4m3fn)
+    out.float().sum().backward()
+    assert out.isfinite().all() and q.grad.isfinite().all()
+
+
+@hopper_select
+def test_fp8_select_needs_dp_128():
+    x = torch.randn(1, 1, 256, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="proxy_head_dim"):
+        flash_msa.select_blocks(x, x, 2, select_dtype=torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("mode", ["sparse", "warmup"])

@@ -5,7 +5,7 @@ import torch
 
 import flash_msa
 import reference as ref
-from conftest import SHAPES, random_inputs
+from conftest import SHAPES, import_bench, random_inputs
 
 
 def check_selection(indices: torch.Tensor, scores: torch.Tensor, top_k: int, tol: float) -> None:
@@ -29,6 +29,45 @@ def check_selection(indices: torch.Tensor, scores: torch.Tensor, top_k: int, tol
     kth = scores.sort(-1, descending=True).values[..., min(top_k, nb) - 1 : min(top_k, nb)]
     short = (picked < kth - tol) & valid
     assert not short.any(), f"{int(short.sum())} selected blocks score below the K-th best"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fp8_selection_ranks_the_quantised_scores(shape, dtype):
+    """select_dtype=torch.float8_e4m3fn: a top-K of the scores of the proxies as torch's
+    float8_e4m3fn quantises them, one amax / 448 scale per token row."""
+    inputs = random_inputs(shape, dtype, seed=12)
+    for x in ("qp", "kp"):  # token rows of magnitudes 2^-4 .. 2^4
+        rows = inputs[x].shape[2]
+        inputs[x] = inputs[x] * 2.0 ** (torch.arange(rows) % 9 - 4).to(dtype)[:, None]
+    indices = flash_msa.select_blocks(inputs["qp"], inputs["kp"], shape.K, cu_seqlens=shape.cu(),
+                                      select_dtype=torch.float8_e4m3fn)
+    scores = ref.block_scores(ref.fp8_dequantised(inputs["qp"]), ref.fp8_dequantised(inputs["kp"]),
+                              shape.Dp ** -0.5, shape.cu())
+    finite = scores[scores.isfinite()].abs().max().item()
+    check_selection(indices, scores, shape.K, finite * 1e-5)
+
+
+def test_fp8_selection_is_an_approximation():
+    """On random inputs the FP8 ranking differs from the exact one on some rows, but keeps most
+    of its blocks; select_dtype equal to the inputs' dtype is the exact selection."""
+    study = import_bench("fp8_select_quality")
+    qp, kp = study.make_inputs("random", 4096, torch.Generator().manual_seed(7))
+    exact = flash_msa.select_blocks(qp, kp, study.K)
+    assert torch.equal(flash_msa.select_blocks(qp, kp, study.K, select_dtype=torch.bfloat16), exact)
+    fp8 = flash_msa.select_blocks(qp, kp, study.K, select_dtype=torch.float8_e4m3fn)
+    rows = exact[0, :, 128 * study.K:]  # rows with more earlier blocks than K - 1
+    shared = (fp8[0, :, 128 * study.K:, :, None] == rows[..., None, :]).any(-1).sum(-1)
+    overlap = (shared - 1).double().mean().item() / (study.K - 1)  # the own block aside
+    assert not torch.equal(fp8, exact)
+    assert 0.9 < overlap < 1
+
+
+def test_select_dtype_errors():
+    qp = torch.randn(1, 1, 256, 16, dtype=torch.bfloat16)
+    for bad in (torch.float16, torch.float8_e5m2, "fp8"):
+        with pytest.raises(ValueError, match="select_dtype"):
+            flash_msa.select_blocks(qp, qp, 2, select_dtype=bad)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

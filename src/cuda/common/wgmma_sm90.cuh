@@ -150,7 +150,7 @@ struct WgmmaType<__half> {
   static constexpr bool kBf16 = false;
 };
 
-// The asm statements, for the input type name TY ("bf16" or "f16"); the accumulator
+// The asm statements, for the input type name TY ("bf16", "f16", "e4m3"); the accumulator
 // registers of m64nN, N / 2 per thread, are operands %0 .. %(N / 2 - 1).
 #define FLASH_MSA_WGMMA_D64                                                                        \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "         \
@@ -185,6 +185,13 @@ struct WgmmaType<__half> {
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                 \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FLASH_MSA_WGMMA_D64             \
       ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                              \
+      : FLASH_MSA_WGMMA_D64_OUT                                                                    \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
+#define FLASH_MSA_WGMMA_M64N128K32_RS(TY)                                                          \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32." TY "." TY " " FLASH_MSA_WGMMA_D64             \
+      ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"                                                 \
       : FLASH_MSA_WGMMA_D64_OUT                                                                    \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
 #define FLASH_MSA_WGMMA_M64N64K16_RS_MN(TY)                                                        \
@@ -225,6 +232,14 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
     FLASH_MSA_WGMMA_M64N128K16_RS("f16");
 }
 
+// d (64 x 128) (+)= A (64 x 32 FP8 E4M3, in registers as for mma.m16n8k32, per warp) *
+// B (32 x 128 FP8 E4M3, K-major, shared): the byte layout of m64n128k16_rs with 16-bit
+// inputs, each 16-bit element holding two FP8 ones.
+__device__ __forceinline__ void wgmma_m64n128k32_rs_e4m3(float (&d)[64], const uint32_t (&a)[4],
+                                                         uint64_t desc_b, bool accumulate) {
+  FLASH_MSA_WGMMA_M64N128K32_RS("e4m3");
+}
+
 // d (64 x 64) (+)= A (64 x 16, in registers as for mma.m16n8k16, per warp) * B (16 x 64,
 // MN-major, shared).
 template <class T>
@@ -249,6 +264,7 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
 
 #undef FLASH_MSA_WGMMA_M64N128K16_SS
 #undef FLASH_MSA_WGMMA_M64N128K16_RS
+#undef FLASH_MSA_WGMMA_M64N128K32_RS
 #undef FLASH_MSA_WGMMA_M64N64K16_RS_MN
 #undef FLASH_MSA_WGMMA_M64N64K16_SS
 #undef FLASH_MSA_WGMMA_D64

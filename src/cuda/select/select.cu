@@ -1,8 +1,10 @@
 // Host entry of the proxy select stage (SPEC section 1): validation, the CUDA backend's own
 // limits, and dispatch on dtype and proxy head dim to the Hopper kernel (select/sm90) where
-// select_kernels() says so, to the portable kernel otherwise.
+// select_kernels() says so, to the portable kernel otherwise; the FP8 select
+// (SelectPrecision::kFloat8E4M3) quantises into the workspace and runs the Hopper kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <string>
@@ -34,6 +36,68 @@ void check_limits(const SelectParams& params) {
   check_vector_view("kp", params.kp);
 }
 
+// The FP8 select's arrays: the E4M3 copies of qp and kp and the keys' scales, key rows padded
+// to whole blocks.
+struct Fp8Buffers {
+  uint8_t* qp;       // [B, Hp, Sq, 128]
+  uint8_t* kp;       // [B, Hpk, NB * 128, 128]
+  float* key_scale;  // [B, Hpk, NB * 128]
+};
+
+int64_t padded_keys(const Problem& pr) {
+  return (pr.seqlen + kBlockSize - 1) / kBlockSize * kBlockSize;
+}
+
+auto fp8_layout(const Problem& pr, Fp8Buffers* out = nullptr) {
+  return [&pr, out](Carver& c) {
+    const int64_t keys = pr.batch * pr.proxy_kv_heads * padded_keys(pr);
+    Fp8Buffers f{};
+    f.qp = c.take<uint8_t>(pr.batch * pr.proxy_heads * pr.queries() * sm90::kSelectFp8Dp);
+    f.kp = c.take<uint8_t>(keys * sm90::kSelectFp8Dp);
+    f.key_scale = c.take<float>(keys);
+    if (out) *out = f;
+  };
+}
+
+void check_fp8(const Problem& pr) {
+  if (pr.proxy_head_dim != sm90::kSelectFp8Dp)
+    limit_error("proxy_head_dim", "128 for the FP8 select (precision float8_e4m3)",
+                std::to_string(pr.proxy_head_dim));
+  if (select_kernels(pr) != Kernels::kHopper)
+    throw Error(
+        "flash_msa: precision: expected exact here, got float8_e4m3: the FP8 select runs on the "
+        "Hopper select kernel, which needs a GPU of compute capability 9.x, a build with sm_90a "
+        "code and FLASH_MSA_PORTABLE_KERNELS unset (select_kernels() says portable)");
+}
+
+// E4M3 copies of `view` ([B, heads, tokens, 128]) into `out` ([B, heads, padded, 128]) and,
+// where `scales`, the rows' scales.
+template <class T>
+void quantize(const ConstView& view, int64_t batch, int64_t heads, int64_t tokens, int64_t padded,
+              uint8_t* out, float* scales, cudaStream_t stream) {
+  sm90::launch_quantize<T>({.in = view,
+                            .out = out,
+                            .scales = scales,
+                            .rows = batch * heads * padded,
+                            .heads = static_cast<int>(heads),
+                            .tokens = static_cast<int>(tokens),
+                            .padded = static_cast<int>(padded)},
+                           stream);
+}
+
+template <class T>
+void select_fp8(const SelectParams& params, portable::SelectKernelParams kp, const Fp8Buffers& f,
+                cudaStream_t stream) {
+  const Problem& pr = params.problem;
+  const int64_t dp = sm90::kSelectFp8Dp, sq = pr.queries(), keys = padded_keys(pr);
+  quantize<T>(params.qp, pr.batch, pr.proxy_heads, sq, sq, f.qp, nullptr, stream);
+  quantize<T>(params.kp, pr.batch, pr.proxy_kv_heads, pr.seqlen, keys, f.kp, f.key_scale, stream);
+  kp.qp = contiguous_view<const void>(f.qp, pr.proxy_heads, sq, dp);
+  kp.kp = contiguous_view<const void>(f.kp, pr.proxy_kv_heads, keys, dp);
+  kp.key_scales = f.key_scale;
+  sm90::launch_select<__nv_fp8_e4m3, sm90::kSelectFp8Dp>(kp, stream);
+}
+
 // The Hopper kernel where `hopper` (instantiated for Dp = 64 and 128), else the portable one.
 template <class T, int kDp>
 void launch(const portable::SelectKernelParams& kp, bool hopper, cudaStream_t stream) {
@@ -63,7 +127,10 @@ void dispatch_dp(const portable::SelectKernelParams& kp, int64_t dp, bool hopper
 
 size_t select_workspace_bytes(const SelectParams& params) {
   validate(params);
-  return 0;  // the top-K lists live in shared memory
+  // The top-K lists live in shared memory; the FP8 select needs its quantised copies.
+  if (params.precision == SelectPrecision::kFloat8E4M3)
+    return layout_bytes(fp8_layout(params.problem));
+  return 0;
 }
 
 void select(const SelectParams& params, Workspace workspace, cudaStream_t stream) {
@@ -77,6 +144,16 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
       .cu_seqlens = pr.cu_seqlens,
       .shape = kernel_shape(pr),
   };
+  if (params.precision == SelectPrecision::kFloat8E4M3) {
+    check_fp8(pr);
+    Fp8Buffers f{};
+    carve_workspace(workspace, fp8_layout(pr, &f), "select_workspace_bytes");
+    if (pr.dtype == DType::kBFloat16)
+      select_fp8<__nv_bfloat16>(params, kp, f, stream);
+    else
+      select_fp8<__half>(params, kp, f, stream);
+    return;
+  }
   const bool hopper = select_kernels(pr) == Kernels::kHopper;
   if (pr.dtype == DType::kBFloat16) {
     dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, hopper, stream);

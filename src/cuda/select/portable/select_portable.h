@@ -18,6 +18,9 @@ struct SelectKernelParams {
   int32_t* indices;           // [B, Hp, S, K] contiguous
   const int32_t* cu_seqlens;  // [num_docs + 1] offsets over B*S tokens; null: one doc per row
   KernelShape shape;          // top_k <= kMaxTopK; num_blocks query tiles per (b, p)
+  // The FP8 select of the Hopper kernel only (select/sm90): qp and kp are the E4M3 copies and
+  // these the keys' scales, [B, Hpk, NB * 128] contiguous (1 past S); null otherwise.
+  const float* key_scales = nullptr;
 };
 
 inline constexpr int kMaxTopK = 64;

@@ -3,21 +3,31 @@
 // top-K lists; sorted output) on warpgroup tensor cores.
 //
 // One CTA takes two neighbouring query tiles of one proxy head and batch row, 256 rows, so that
-// each key block it reads from L2 serves twice the rows of the portable kernel: warpgroup w
-// takes tile t_lo + w as two m64 row tiles, whose rows stay in registers as the A operand of
-// S = Qp Kp^T (m64n128k16, K-major keys from shared memory), loaded once. Key blocks stream
-// through a ring of three shared buffers (SW128 panels, wgmma_sm90.cuh), copied by cp.async two
-// blocks ahead. Per block, a warpgroup issues both row tiles' products, max-pools the first while
-// the second is on the tensor cores and offers the row maxima to the top-K lists, then pools the
-// second while the other warpgroup's products run. Nothing is in flight across blocks: the
-// buffer refilled at block n held block n - 1, which every warpgroup finished before the
-// barrier of block n. The lower tile's warpgroup also scores the upper tile's own block, all of
-// whose keys lie in its future: masked, it changes nothing.
+// each key block it reads from L2 serves twice the rows of the portable kernel: warpgroup w of
+// four takes the m64 row tile w % 2 of tile t_lo + w / 2, whose rows stay in registers as the A
+// operand of S = Qp Kp^T (m64n128k16, K-major keys from shared memory), loaded once. Key blocks
+// stream through a ring of three shared buffers (SW128 panels, wgmma_sm90.cuh), copied by
+// cp.async two blocks ahead. Per block, a warpgroup issues its product, waits for it, max-pools
+// it and offers the row maxima to the top-K lists; the max-pooling (CUDA cores) of one
+// warpgroup overlaps the products (tensor cores) of the others, four warps per scheduler hiding
+// each other's latencies. Nothing is in flight across blocks: the buffer refilled at block n
+// held block n - 1, which every warpgroup finished before the barrier of block n. The lower
+// tile's warpgroups also score the upper tile's own block, all of whose keys lie in their
+// future: masked, it changes nothing.
+//
+// With T = __nv_fp8_e4m3 (SelectPrecision::kFloat8E4M3, Dp = 128) the kernel reads the FP8
+// copies of q_proxy and k_proxy (quantize.cuh) and the keys' scales: the rows are moved as
+// 16-bit pairs of bytes through the same copies, shared layouts and fragments (a 128-byte row,
+// one SW128 panel), the products are m64n128k32 e4m3 wgmma, and each score is multiplied by
+// its key's scale before the pooling. The query's scale is left out: one positive factor per
+// row does not change its ranking.
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/common/wgmma_sm90.cuh"
@@ -29,21 +39,30 @@ namespace flash_msa::cuda::sm90::block_select {
 using portable::kBlockKeys;
 using portable::kSelectBlockM;
 
-inline constexpr int kTiles = 2;                      // query tiles per CTA, one per warpgroup
+inline constexpr int kTiles = 2;                      // query tiles per CTA
 inline constexpr int kRows = kTiles * kSelectBlockM;  // rows per CTA
-inline constexpr int kThreads = 256;                  // two warpgroups
+inline constexpr int kThreads = 512;                  // four warpgroups, an m64 row tile each
 inline constexpr int kStages = 3;                     // key-block buffers
 
+// The operand type T (bf16, fp16 or FP8 E4M3) and the 16-bit type its rows move as.
+template <class T>
+struct Operand {
+  static constexpr bool kFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
+  using Storage = std::conditional_t<kFp8, __nv_bfloat16, T>;  // FP8: pairs, never converted
+};
+
 // Dynamic shared memory: 1024 bytes of slack to align the start, the ring of key blocks
-// ([128, Dp] SW128 panels each), then a region that first holds the CTA's query rows (the
+// ([128, kCols] SW128 panels of 16-bit columns each, kCols = Dp * sizeof(T) / 2), with FP8 the
+// keys' scales ([kStages][128] float), then a region that first holds the CTA's query rows (the
 // portable kernel's tile layout, one tile after the other, read once into registers) and then
 // the per-row top-K lists (entries [K][256] of {score bits, block}, fill counts [256] int32):
-// 226 KiB at Dp = 128 and K = 64.
-template <int kDp>
+// 226 KiB at Dp = 128 and K = 64 (bf16, fp16), 183 KiB with FP8.
+template <int kCols, bool kFp8>
 struct SharedMemory {
-  static constexpr int kStageBytes = kBlockKeys * kDp * 2;
-  static constexpr int kRegion = kStages * kStageBytes;  // offset of the region
-  static constexpr int kQueryBytes = kRows * kDp * 2;
+  static constexpr int kStageBytes = kBlockKeys * kCols * 2;
+  static constexpr int kScales = kStages * kStageBytes;  // offset of the key scales
+  static constexpr int kRegion = kScales + (kFp8 ? kStages * kBlockKeys * 4 : 0);
+  static constexpr int kQueryBytes = kRows * kCols * 2;
   static constexpr int fills_offset(int top_k) { return top_k * kRows * 8; }
   static constexpr int bytes(int top_k) {
     const int lists = fills_offset(top_k) + kRows * 4;
@@ -54,41 +73,60 @@ struct SharedMemory {
 template <class T, int kDp>
 __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::SelectKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Smem = SharedMemory<kDp>;
-  using Tile = portable::SelectTile<kDp>;
+  constexpr bool kFp8 = Operand<T>::kFp8;
+  static_assert(!kFp8 || kDp == 128, "FP8 select: Dp = 128");
+  using Storage = typename Operand<T>::Storage;
+  constexpr int kCols = kDp * int(sizeof(T)) / 2;  // 16-bit columns per row
+  using Smem = SharedMemory<kCols, kFp8>;
+  using Tile = portable::SelectTile<kCols>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   unsigned char* region = smem + Smem::kRegion;
-  T* qrows = reinterpret_cast<T*>(region);
+  Storage* qrows = reinterpret_cast<Storage*>(region);
   int2* entries = reinterpret_cast<int2*>(region);
   int32_t* fills = reinterpret_cast<int32_t*>(region + Smem::fills_offset(p.shape.top_k));
 
   // The CTA's tiles t_lo = t_hi - 1 (below the queries, or -1, at the bottom end: no rows
-  // then) and t_hi; this warpgroup's tile.
+  // then) and t_hi; this warpgroup's tile and its row tile (rows 64 mt .. 64 mt + 63).
   const portable::SelectWork upper = portable::select_work<kTiles>(p);
   const int b = upper.b, t_hi = upper.tile;
-  const int wg = warpgroup_index();
-  const portable::SelectWork mine = portable::tile_work(p, b, upper.h, t_hi - 1 + wg);
-  const T* qp = static_cast<const T*>(p.qp.data) + b * p.qp.stride_b + upper.h * p.qp.stride_h;
-  const T* k_gmem = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b +
-                    (upper.h / p.shape.proxy_group) * p.kp.stride_h;
+  const int wg = warpgroup_index(), tw = wg / 2, mt = wg % 2;
+  const portable::SelectWork mine = portable::tile_work(p, b, upper.h, t_hi - 1 + tw);
+  // Rows in units of Storage: strides of FP8 views (bytes) halve.
+  const Storage* qp = reinterpret_cast<const Storage*>(static_cast<const T*>(p.qp.data) +
+                                                       b * p.qp.stride_b + upper.h * p.qp.stride_h);
+  const int hk = upper.h / p.shape.proxy_group;
+  const Storage* k_gmem = reinterpret_cast<const Storage*>(static_cast<const T*>(p.kp.data) +
+                                                           b * p.kp.stride_b + hk * p.kp.stride_h);
+  const int64_t q_stride = p.qp.stride_s * int64_t(sizeof(T)) / 2;
+  const int64_t k_stride = p.kp.stride_s * int64_t(sizeof(T)) / 2;
+  // FP8: the keys' scales of this batch row and key head, [NB * 128].
+  const float* k_scales =
+      kFp8 ? p.key_scales + (int64_t(b) * (p.shape.proxy_heads / p.shape.proxy_group) + hk) *
+                                p.shape.num_blocks * kBlockKeys
+           : nullptr;
   const int m0 = (t_hi - 1) * kSelectBlockM;  // position of the CTA's row 0
   const int n_first = portable::doc_start(p, b, max(m0, 0)) / kBlockKeys;
   const int lo_last = portable::doc_start(p, b, upper.m0 + upper.hi - 1);
 
-  // Key block n (n <= t_hi) into its buffer, keys past the sequence zero-filled; one cp.async
-  // group per call, empty past the last block, so that "all but the newest group" is the block
-  // needed next.
+  // Key block n (n <= t_hi) into its buffer, keys past the sequence zero-filled (with FP8,
+  // and the block's key scales); one cp.async group per call, empty past the last block, so
+  // that "all but the newest group" is the block needed next.
   auto load_block = [&](int n) {
     if (n <= t_hi) {
       const int key0 = n * kBlockKeys;
-      copy_rows_sw128<kBlockKeys, kDp, kThreads>(
+      copy_rows_sw128<kBlockKeys, kCols, kThreads>(
           smem + (n % kStages) * Smem::kStageBytes,
           [&](int r, bool& valid) {
             valid = key0 + r < p.shape.seqlen;
-            return k_gmem + int64_t(min(key0 + r, p.shape.seqlen - 1)) * p.kp.stride_s;
+            return k_gmem + int64_t(min(key0 + r, p.shape.seqlen - 1)) * k_stride;
           },
           threadIdx.x);
+      if constexpr (kFp8) {
+        if (threadIdx.x < kBlockKeys / 4)
+          cp_async_16(smem + Smem::kScales + (n % kStages) * kBlockKeys * 4 + threadIdx.x * 16,
+                      k_scales + key0 + threadIdx.x * 4, true);
+      }
     }
     cp_async_commit();
   };
@@ -97,67 +135,80 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
   for (int w = 0; w < kTiles; ++w) {
     const portable::SelectWork tw = portable::tile_work(p, b, upper.h, t_hi - 1 + w);
     const int first = tw.hi > tw.lo ? p.shape.query_at(tw.m0 + tw.lo) : 0;
-    portable::load_tile<T, kDp, kThreads>(qrows + w * kSelectBlockM * kDp,
-                                          qp + int64_t(first) * p.qp.stride_s, p.qp.stride_s, tw.lo,
-                                          tw.hi);
+    portable::load_tile<Storage, kCols, kThreads>(
+        qrows + w * kSelectBlockM * kCols, qp + int64_t(first) * q_stride, q_stride, tw.lo, tw.hi);
   }
   load_block(n_first);  // one group with the query rows
   load_block(n_first + 1);
 
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
-  // This thread's accumulator rows of row tile mt: 64 mt + 16 warp + lane / 4 + 8 h (h = 0, 1)
-  // of the warpgroup's tile; their positions and first visible keys (document starts).
-  int row_i[2][2], row_lo[2][2];
+  // This thread's accumulator rows: 64 mt + 16 warp + lane / 4 + 8 h (h = 0, 1) of the
+  // warpgroup's tile; their positions and first visible keys (document starts).
+  int row_i[2], row_lo[2];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_i[mt][h] = mine.m0 + 64 * mt + 16 * warp + lane / 4 + 8 * h;
-      row_lo[mt][h] = portable::doc_start(p, b, min(max(row_i[mt][h], 0), p.shape.seqlen - 1));
-    }
-  // Lane 4 r + 2 mt + h owns the list of row h of row tile mt; rows that are no query never
-  // insert.
-  const int my_mt = lane % 4 / 2, my_h = lane % 2;
-  const int my_row = 64 * my_mt + 16 * warp + lane / 4 + 8 * my_h;  // of the warpgroup's tile
-  portable::TopKList<kRows> list{entries + kSelectBlockM * wg + my_row, p.shape.top_k};
-  if (my_row < mine.lo || my_row >= mine.hi) list.thr = INFINITY;
+  for (int h = 0; h < 2; ++h) {
+    row_i[h] = mine.m0 + 64 * mt + 16 * warp + lane / 4 + 8 * h;
+    row_lo[h] = portable::doc_start(p, b, min(max(row_i[h], 0), p.shape.seqlen - 1));
+  }
+  // Lane 4 r + h (h = 0, 1) owns the list of row h; the other lanes, and rows that are no
+  // query, never insert.
+  const int my_h = lane % 2;
+  const int my_row = 64 * mt + 16 * warp + lane / 4 + 8 * my_h;  // of the warpgroup's tile
+  const bool owner = lane % 4 < 2;
+  portable::TopKList<kRows> list{entries + kSelectBlockM * tw + my_row, p.shape.top_k};
+  if (!owner || my_row < mine.lo || my_row >= mine.hi) list.thr = INFINITY;
 
   cp_async_wait<1>();
   __syncthreads();  // the query rows are in place
-  // A fragments of this warp's 16 rows of each row tile, as for mma.m16n8k16.
-  uint32_t qa[2][kDp / 16][4];
+  // A fragments of this warp's 16 rows, as for mma.m16n8k16 (FP8: the same bytes are those of
+  // mma.m16n8k32).
+  uint32_t qa[kCols / 16][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk)
-      ldmatrix_x4(qa[mt][kk],
-                  qrows + Tile::offset(kSelectBlockM * wg + 64 * mt + 16 * warp + (lane & 15),
-                                       kk * 2 + (lane >> 4)));
+  for (int kk = 0; kk < kCols / 16; ++kk)
+    ldmatrix_x4(qa[kk], qrows + Tile::offset(kSelectBlockM * tw + 64 * mt + 16 * warp + (lane & 15),
+                                             kk * 2 + (lane >> 4)));
   // The top-K lists overwrite the query rows: the first insertion follows the barrier of the
   // first block, which every warp reaches after its fragment loads.
 
   const uint64_t ring_desc = sw128_desc(smem_addr(smem), 16, 1024);
-  // S = Qp Kp^T of row tile mt over the block in buffer `keys`, one commit group.
-  auto issue = [&](float(&acc)[64], const uint32_t(&a)[kDp / 16][4], uint64_t keys) {
+  // S = Qp Kp^T of the row tile over the block in buffer `keys`, one commit group; k-step kk
+  // takes bytes 32 kk .. 32 kk + 31 of each row.
+  auto issue = [&](float(&acc)[64], const uint32_t(&a)[kCols / 16][4], uint64_t keys) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk)
-      wgmma_m64n128k16_rs<T>(acc, a[kk],
-                             desc_add(keys, (kk / 4) * kBlockKeys * 128 + (kk % 4) * 32), kk > 0);
+    for (int kk = 0; kk < kCols / 16; ++kk) {
+      const uint64_t desc = desc_add(keys, (kk / 4) * kBlockKeys * 128 + (kk % 4) * 32);
+      if constexpr (kFp8)
+        wgmma_m64n128k32_rs_e4m3(acc, a[kk], desc, kk > 0);
+      else
+        wgmma_m64n128k16_rs<T>(acc, a[kk], desc, kk > 0);
+    }
     wgmma_commit();
   };
-  // Block n's row maxima of row tile mt (masked where a row sees only part of the block: from
-  // the own block on, and blocks cut by a document start), scaled (proxy_scale > 0 and rounding
-  // is monotone: the maximum of the scaled scores bit for bit), offered to the lists of the
-  // tile's owners; the own block always enters.
-  auto pool = [&](float(&acc)[64], int mt, int n) {
+  // Block n's row maxima (masked where a row sees only part of the block: from the own block
+  // on, and blocks cut by a document start), scaled (proxy_scale > 0 and rounding is monotone:
+  // the maximum of the scaled scores bit for bit), offered to the rows' lists; the own block
+  // always enters.
+  auto pool = [&](float(&acc)[64], int n) {
     const int key0 = n * kBlockKeys;
+    if constexpr (kFp8) {  // column 8 t + 2 (lane % 4) + e % 2 of entry 4 t + e
+      const float* scale = reinterpret_cast<const float*>(smem + Smem::kScales) +
+                           (n % kStages) * kBlockKeys + 2 * (lane % 4);
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        const float2 s2 = *reinterpret_cast<const float2*>(scale + 8 * t);
+        acc[4 * t] *= s2.x;
+        acc[4 * t + 1] *= s2.y;
+        acc[4 * t + 2] *= s2.x;
+        acc[4 * t + 3] *= s2.y;
+      }
+    }
     if (n >= mine.tile || key0 < lo_last) {
       int lo[2], hi[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        lo[h] = row_lo[mt][h] - key0 - 2 * (lane % 4);
-        hi[h] = row_i[mt][h] - key0 - 2 * (lane % 4);
+        lo[h] = row_lo[h] - key0 - 2 * (lane % 4);
+        hi[h] = row_i[h] - key0 - 2 * (lane % 4);
       }
       mask_columns(acc, lo, hi);
     }
@@ -174,7 +225,6 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       mx[h] = quad_max(fmaxf(fmaxf(mc[h][0], mc[h][1]), fmaxf(mc[h][2], mc[h][3])));
-    if (my_mt != mt) return;
     float m = p.shape.proxy_scale * (my_h == 0 ? mx[0] : mx[1]);
     if (n == mine.tile) m = INFINITY;
     if (m > list.thr) list.insert(m, n);
@@ -185,19 +235,14 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
     fence_async_shared();
     __syncthreads();  // block n is in place; every warpgroup is done with block n - 1
     load_block(n + 2);
-    const uint64_t keys = desc_add(ring_desc, (n % kStages) * Smem::kStageBytes);
-    float acc[2][64];
-    issue(acc[0], qa[0], keys);
-    issue(acc[1], qa[1], keys);
-    wgmma_wait<1>();
-    fence_operands(acc[0]);
-    pool(acc[0], 0, n);
+    float acc[64];
+    issue(acc, qa, desc_add(ring_desc, (n % kStages) * Smem::kStageBytes));
     wgmma_wait<0>();
-    fence_operands(acc[1]);
-    pool(acc[1], 1, n);
+    fence_operands(acc);
+    pool(acc, n);
   }
 
-  fills[kSelectBlockM * wg + my_row] = list.fill;
+  if (owner) fills[kSelectBlockM * tw + my_row] = list.fill;
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kTiles; ++w)
@@ -216,8 +261,9 @@ namespace flash_msa::cuda::sm90 {
 template <class T, int kDp>
 void launch_select(const portable::SelectKernelParams& params, cudaStream_t stream) {
   using namespace block_select;
+  using Smem = SharedMemory<kDp* int(sizeof(T)) / 2, Operand<T>::kFp8>;
   launch_large_smem(select_kernel<T, kDp>, portable::select_grid<kTiles>(params), kThreads,
-                    SharedMemory<kDp>::bytes(params.shape.top_k), params, stream);
+                    Smem::bytes(params.shape.top_k), params, stream);
 }
 
 }  // namespace flash_msa::cuda::sm90
