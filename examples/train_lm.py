@@ -97,7 +97,8 @@ class Block(nn.Module):
         if msa:
             self.attn = MSAAttention(
                 h, args.heads, args.kv_heads, args.head_dim, args.proxy_heads, 1, args.head_dim,
-                top_k=args.top_k_blocks * BLOCK_SIZE, warmup=True)
+                top_k=args.top_k_blocks * BLOCK_SIZE, warmup=True,
+                select_dtype=torch.float8_e4m3fn if args.fp8_select else None)
         else:
             self.attn = DenseAttention(h, args.heads, args.kv_heads, args.head_dim)
         # A short causal depthwise convolution mixes each token with the two before it (a
@@ -351,6 +352,9 @@ def parse(argv):
     p.add_argument("--head-dim", type=int, default=128, help="128: the Hopper kernels")
     p.add_argument("--top-k-blocks", type=int, default=None,
                    help="blocks of 128 tokens per query (default: seqlen / 8 tokens' worth)")
+    p.add_argument("--fp8-select", action="store_true",
+                   help="rank the blocks on FP8 scores in sparse mode (select_dtype, Hopper, "
+                        "head dim 128, or the CPU)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--kl-weight", type=float, default=1.0)
     p.add_argument("--eval-every", type=int, default=25)

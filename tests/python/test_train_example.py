@@ -48,6 +48,18 @@ def test_train_example_cpu_smoke(tmp_path):
         assert (tmp_path / png).stat().st_size > 1000, png
 
 
+def test_train_example_fp8_select(tmp_path):
+    """--fp8-select: the sparse phase ranks on FP8 scores (the CPU backend's FP8 path here)."""
+    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--seqlen", "2048",
+           "--batch", "2", "--steps", "6", "--warmup-steps", "3", "--eval-every", "6",
+           "--eval-batches", "1", "--runs", "msa", "--fp8-select", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = json.loads((tmp_path / "results.json").read_text())["runs"]["msa"]["steps"]
+    assert [s["phase"] for s in steps] == ["warmup"] * 3 + ["sparse"] * 3
+    assert all(s["kl"] > 0 for s in steps)
+
+
 def test_train_example_rejects_a_budget_over_an_eighth(tmp_path):
     cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--seqlen", "2048",
            "--top-k-blocks", "3", "--out", str(tmp_path)]
