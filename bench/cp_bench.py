@@ -123,8 +123,10 @@ def main() -> None:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
     # Every rank's collectives are over before any rank tears its process group down.
+    rank = cp.rank
     dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {rank}: finished", flush=True)
 
 
 if __name__ == "__main__":

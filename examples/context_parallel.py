@@ -71,8 +71,10 @@ def main() -> None:
             print(f"step {step}: mse {whole.item():.5f}, KL {layer.kl_value.item():.4f}",
                   flush=True)
     # Every rank's collectives are over before any rank tears its process group down.
+    rank = cp.rank
     dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {rank}: finished", flush=True)
 
 
 if __name__ == "__main__":

@@ -222,12 +222,20 @@ def test_query_offset_checks():
 
 
 def _torchrun(script: str, *args: str) -> subprocess.CompletedProcess:
-    """`script` (relative to the repository) under torchrun, two CPU processes."""
+    """`script` (relative to the repository) under torchrun, two CPU processes, each of which
+    prints "rank R: finished" once it has torn its process group down.
+
+    A process may still abort after that line, at interpreter exit, with "terminate called
+    without an active exception" from gloo's threads (seen rarely in CI, after a complete
+    run); that exit is accepted, any other failure is not."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            f"--master-port={_free_port()}", str(REPO / script), "--device", "cpu", *args]
     env = dict(os.environ, FLASH_MSA_NUM_THREADS="1", OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    finished = all(f"rank {r}: finished" in done.stdout for r in range(2))
+    at_exit = finished and "terminate called without an active exception" in done.stderr
+    assert done.returncode == 0 or at_exit, done.stdout[-2000:] + done.stderr[-3000:]
+    assert finished, done.stdout[-2000:]
     return done
 
 
