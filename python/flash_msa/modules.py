@@ -167,7 +167,7 @@ class MSAAttention(nn.Module):
             out, kl = msa_func(
                 q_proxy, k_proxy, q, k, v, self.top_k, context_parallel=cp,
                 cu_seqlens=cu_seqlens, warmup=self.warmup, compute_kl=self.compute_kl,
-                kl_out=self.kl_value, select_dtype=None if self.warmup else self.select_dtype,
+                kl_out=self.kl_value, select_dtype=self.select_dtype,
             )
             return self.o_proj(out), kl
         q_proxy, k_proxy, q, k, v = self.projections(hidden)

@@ -1,8 +1,8 @@
 // FP8 E4M3 (the "fn" variant: bias 7, no infinities, 0x7f the NaN, largest finite 448) and the
 // per-token quantisation of the FP8 proxy select (SelectPrecision::kFloat8E4M3, msa.h), on the
-// host. The CUDA quantisation (select/sm90/quantize.cuh) rounds with the hardware conversion
-// (cvt.rn.satfinite.e4m3x2.f32) and must agree with this bit for bit
-// (tests/cuda/select_test.cu).
+// host. The CUDA quantisation (select/sm90/quantize.cuh) takes the same row scale
+// (e4m3_scale), rounds with the hardware conversion (cvt.rn.satfinite.e4m3x2.f32) and must agree
+// with this bit for bit (tests/cuda/select_test.cu).
 #pragma once
 
 #include <cmath>
@@ -46,7 +46,8 @@ inline float e4m3_to_float(uint8_t x) {
 }
 
 // The scale of a token row whose largest magnitude is `amax`: amax / 448, or 1 for a row of
-// zeros.
-inline float e4m3_scale(float amax) { return amax > 0.f ? amax / kE4M3Max : 1.f; }
+// zeros. constexpr, so that the CUDA quantisation calls it too (--expt-relaxed-constexpr; the
+// division rounds to nearest on both sides).
+constexpr float e4m3_scale(float amax) { return amax > 0.f ? amax / kE4M3Max : 1.f; }
 
 }  // namespace flash_msa

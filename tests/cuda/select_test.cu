@@ -180,48 +180,46 @@ TEST_F(CudaSelectShard, RowsEqualTheWholeCall) {
     for (const int64_t dp : {64, 128}) cases.push_back({portable, dp, SelectPrecision::kExact});
   if (fp8_select_runs()) cases.push_back({false, 128, SelectPrecision::kFloat8E4M3});
   for (const auto& [portable, dp, precision] : cases) {
-    {
-      SCOPED_TRACE(std::string(portable ? "portable " : "default ") + std::to_string(dp) + " " +
-                   select_precision_name(precision));
-      std::optional<PortableKernels> forced;
-      if (portable) forced.emplace();
-      Config cfg;
-      cfg.d = {.B = 2, .S = 1000, .H = 4, .Hk = 1, .Hp = 4, .Hpk = 2, .D = 8, .Dp = dp, .K = 4};
-      cfg.dtype = DType::kBFloat16;
-      cfg.cu_seqlens = {0, 300, 1000, 1450, 2000};
-      const Inputs in = random_inputs(cfg.d, 11 + static_cast<uint32_t>(dp), cfg.dtype);
-      const std::vector<int32_t> whole = run_cuda_select(cfg, in, precision);
-      const Packed qp = pack(in.qp, cfg.dtype, cfg.layout);
-      const Packed kp = pack(in.kp, cfg.dtype, cfg.layout);
-      DeviceMemory dqp(qp.bits.data(), qp.bits.size() * 2);
-      DeviceMemory dkp(kp.bits.data(), kp.bits.size() * 2);
-      DeviceMemory dcu(cfg.cu_seqlens.data(), cfg.cu_seqlens.size() * sizeof(int32_t));
-      const int64_t K = cfg.d.K, S = cfg.d.S, Hp = cfg.d.Hp;
-      for (const auto& [q0, sq] :
-           {std::pair<int64_t, int64_t>{0, 300}, {300, 256}, {556, 444}, {129, 1}, {0, 1000}}) {
-        SCOPED_TRACE("shard at " + std::to_string(q0) + " of " + std::to_string(sq));
-        Problem pr = cfg.problem();
-        pr.cu_seqlens = static_cast<const int32_t*>(dcu.get());
-        pr.query_offset = q0;
-        pr.query_len = sq;
-        std::vector<int32_t> got(static_cast<size_t>(cfg.d.B * Hp * sq * K), kIndexPoison);
-        DeviceMemory didx(got.data(), got.size() * sizeof(int32_t));
-        const ConstView shard{static_cast<const uint16_t*>(dqp.get()) + q0 * qp.stride_s,
-                              qp.stride_b, qp.stride_h, qp.stride_s};
-        const SelectParams params{pr, shard, device_view(dkp, kp),
-                                  static_cast<int32_t*>(didx.get()), precision};
-        DeviceMemory ws(cuda::select_workspace_bytes(params));
-        cuda::select(params, {ws.get(), ws.bytes()}, nullptr);
-        CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(cudaMemcpy(got.data(), didx.get(), didx.bytes(), cudaMemcpyDeviceToHost));
-        int64_t differ = 0;
-        for (int64_t bh = 0; bh < cfg.d.B * Hp; ++bh)
-          for (int64_t i = 0; i < sq; ++i)
-            differ +=
-                !std::equal(got.begin() + (bh * sq + i) * K, got.begin() + (bh * sq + i + 1) * K,
-                            whole.begin() + (bh * S + q0 + i) * K);
-        EXPECT_EQ(differ, 0) << "shard rows that differ from the whole call";
-      }
+    SCOPED_TRACE(std::string(portable ? "portable " : "default ") + std::to_string(dp) + " " +
+                 select_precision_name(precision));
+    std::optional<PortableKernels> forced;
+    if (portable) forced.emplace();
+    Config cfg;
+    cfg.d = {.B = 2, .S = 1000, .H = 4, .Hk = 1, .Hp = 4, .Hpk = 2, .D = 8, .Dp = dp, .K = 4};
+    cfg.dtype = DType::kBFloat16;
+    cfg.cu_seqlens = {0, 300, 1000, 1450, 2000};
+    const Inputs in = random_inputs(cfg.d, 11 + static_cast<uint32_t>(dp), cfg.dtype);
+    const std::vector<int32_t> whole = run_cuda_select(cfg, in, precision);
+    const Packed qp = pack(in.qp, cfg.dtype, cfg.layout);
+    const Packed kp = pack(in.kp, cfg.dtype, cfg.layout);
+    DeviceMemory dqp(qp.bits.data(), qp.bits.size() * 2);
+    DeviceMemory dkp(kp.bits.data(), kp.bits.size() * 2);
+    DeviceMemory dcu(cfg.cu_seqlens.data(), cfg.cu_seqlens.size() * sizeof(int32_t));
+    const int64_t K = cfg.d.K, S = cfg.d.S, Hp = cfg.d.Hp;
+    for (const auto& [q0, sq] :
+         {std::pair<int64_t, int64_t>{0, 300}, {300, 256}, {556, 444}, {129, 1}, {0, 1000}}) {
+      SCOPED_TRACE("shard at " + std::to_string(q0) + " of " + std::to_string(sq));
+      Problem pr = cfg.problem();
+      pr.cu_seqlens = static_cast<const int32_t*>(dcu.get());
+      pr.query_offset = q0;
+      pr.query_len = sq;
+      std::vector<int32_t> got(static_cast<size_t>(cfg.d.B * Hp * sq * K), kIndexPoison);
+      DeviceMemory didx(got.data(), got.size() * sizeof(int32_t));
+      const ConstView shard{static_cast<const uint16_t*>(dqp.get()) + q0 * qp.stride_s, qp.stride_b,
+                            qp.stride_h, qp.stride_s};
+      const SelectParams params{pr, shard, device_view(dkp, kp), static_cast<int32_t*>(didx.get()),
+                                precision};
+      DeviceMemory ws(cuda::select_workspace_bytes(params));
+      cuda::select(params, {ws.get(), ws.bytes()}, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      CUDA_OK(cudaMemcpy(got.data(), didx.get(), didx.bytes(), cudaMemcpyDeviceToHost));
+      int64_t differ = 0;
+      for (int64_t bh = 0; bh < cfg.d.B * Hp; ++bh)
+        for (int64_t i = 0; i < sq; ++i)
+          differ +=
+              !std::equal(got.begin() + (bh * sq + i) * K, got.begin() + (bh * sq + i + 1) * K,
+                          whole.begin() + (bh * S + q0 + i) * K);
+      EXPECT_EQ(differ, 0) << "shard rows that differ from the whole call";
     }
   }
 }

@@ -1,6 +1,7 @@
 // The FP8 quantisation of the proxy select (SelectPrecision::kFloat8E4M3, msa.h): token rows of
-// Dp = 128 channels to E4M3 with one scale per row (amax / 448; x / scale rounded to nearest
-// even and saturated by the hardware conversion), as common/fp8.h does on the host, bit for bit.
+// Dp = 128 channels to E4M3 with one scale per row (e4m3_scale, common/fp8.h; x / scale rounded
+// to nearest even and saturated by the hardware conversion), as common/fp8.h does on the host,
+// bit for bit.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -8,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/fp8.h"
 #include "cuda/select/sm90/select_sm90.h"
 
 namespace flash_msa::cuda::sm90 {
@@ -33,7 +35,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_kernel(const Quanti
   float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
 #pragma unroll
   for (int m = 16; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, m));
-  const float scale = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
+  const float scale = e4m3_scale(amax);
   uint32_t packed = 0;
 #pragma unroll
   for (int c = 0; c < 4; c += 2) {
