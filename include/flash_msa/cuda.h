@@ -54,6 +54,13 @@ const char* kernels_name(Kernels kernels);  // "portable" or "hopper"
 // unless the environment variable FLASH_MSA_PORTABLE_KERNELS is set to anything but "0";
 // kPortable otherwise. The device is probed once and cached; no synchronisation.
 Kernels sparse_kernels(const Problem& problem);
+// The implementation warmup_forward and warmup_backward take: kHopper on compute capability 9.x
+// when D = Dp = 128, under the same conditions otherwise (sm_90a code,
+// FLASH_MSA_PORTABLE_KERNELS); kPortable otherwise. The Hopper kernels take G up to 64, the
+// portable ones up to 16; a warmup forward asked for the KL value (params.kl) also runs the
+// portable forward, whose second walk computes it, so it needs G <= 16 (the backward's value,
+// kl of BackwardParams, has no such limit).
+Kernels warmup_kernels(const Problem& problem);
 // The implementation select takes: kHopper on compute capability 9.x when Dp is 64 or 128,
 // under the same conditions otherwise (sm_90a code, FLASH_MSA_PORTABLE_KERNELS); kPortable
 // otherwise.

@@ -167,6 +167,33 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackward,
                                             ::testing::Bool()),
                          mode_case_name);
 
+// The warmup shapes of the Hopper kernels (G = 64, documents, several proxy heads per kv and
+// proxy key head): gradients and the KL value against the CPU backend, and bitwise identical
+// repeats (the fixed order of the dQ, dQp adds across key blocks).
+using CudaWarmupBackward = CudaTestWithParam<ShapeCase>;
+
+TEST_P(CudaWarmupBackward, MatchesCpuAndRepeats) {
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const Config cfg = case_config(GetParam(), dtype);
+    if (skip_without_hopper_warmup(cfg)) GTEST_SKIP() << "G > 16 needs the Hopper warmup kernels";
+    const Inputs in = random_inputs(cfg.d, 8642, dtype);
+    const Config ref_cfg = cpu_config(cfg);
+    const Outputs fwd = reference_forward(ref_cfg, dtype, in, true, {});
+    const float w = 0.75f * static_cast<float>(cfg.d.B * cfg.d.Hp * cfg.d.S);
+    const Grads want = run_backward(ref_cfg, in, fwd, true, {}, &w);
+    const CudaGrads a = run_cuda_backward(cfg, in, fwd, true, {}, &w, 0, true);
+    const CudaGrads b = run_cuda_backward(cfg, in, fwd, true, {}, &w, 0, true);
+    expect_match(a.g, want, dtype, true);
+    EXPECT_NEAR(a.kl, fwd.kl, 2e-3 * fwd.kl + 1e-5) << "kl";
+    EXPECT_EQ(std::memcmp(&a.kl, &b.kl, sizeof(float)), 0) << a.kl << " vs " << b.kl;
+    for (size_t t = 0; t < a.bits.size(); ++t)
+      EXPECT_TRUE(a.bits[t] == b.bits[t]) << "gradient " << t << " differs between runs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaWarmupBackward, ::testing::ValuesIn(warmup_shapes()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 void check_sparse_backward(const ShapeCase& sc) {
   const Config cfg = case_config(sc, DType::kBFloat16);
   const Inputs in = random_inputs(cfg.d, 1357, cfg.dtype);
@@ -426,6 +453,100 @@ TEST_F(CudaBackwardPerf, PaperShapeS32K) {
               flops / (med * 1e-3) / 1e12);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+}
+
+using CudaWarmupPerf = CudaTest;
+
+// Warmup at the paper shape (B=1, H=64, Hk=4, Hp=4, Hpk=1, D=Dp=128, bf16) at S = 32K and 128K:
+// the forward without the KL value, then the backward with it, on random inputs (the forward's
+// own out, lse and lse_proxy). FLOPs of the main attention alone: 4 (forward) and 10 (backward)
+// * H * D * S (S + 1) / 2; the proxy branch's products come on top.
+TEST_F(CudaWarmupPerf, PaperShapes) {
+  if (std::getenv("FLASH_MSA_BENCH") == nullptr) GTEST_SKIP() << "set FLASH_MSA_BENCH=1";
+  for (const int64_t S : {int64_t{32768}, int64_t{131072}}) {
+    Config cfg;
+    cfg.d = {.B = 1, .S = S, .H = 64, .Hk = 4, .Hp = 4, .Hpk = 1, .D = 128, .Dp = 128, .K = 1};
+    cfg.dtype = DType::kBFloat16;
+    const Dims& d = cfg.d;
+    const int64_t n_q = d.H * S * d.D, n_k = d.Hk * S * d.D, n_qp = d.Hp * S * d.Dp,
+                  n_kp = d.Hpk * S * d.Dp;
+    DeviceBuffer qp(n_qp * 2), kp(n_kp * 2), q(n_q * 2), k(n_k * 2), v(n_k * 2), out(n_q * 2),
+        dout(n_q * 2), dqp(n_qp * 2), dkp(n_kp * 2), dq(n_q * 2), dk(n_k * 2), dv(n_k * 2);
+    DeviceBuffer lse(d.H * S * 4), lsep(d.Hp * S * 4), w(4), kl(4);
+    uint32_t seed = 11;
+    const std::pair<DeviceBuffer*, int64_t> inputs[] = {
+        {&qp, n_qp}, {&kp, n_kp}, {&q, n_q}, {&k, n_k}, {&v, n_k}, {&dout, n_q}};
+    for (const auto& [buf, n] : inputs)
+      fill_random<<<1024, 256>>>(static_cast<uint16_t*>(buf->get()), n, seed++, 1.f);
+    fill_value<<<1, 32>>>(static_cast<float*>(w.get()), 1, 1.f);
+    auto cv = [S](const DeviceBuffer& m, int64_t heads, int64_t c) {
+      return contiguous_view<const void>(m.get(), heads, S, c);
+    };
+    auto mv = [S](DeviceBuffer& m, int64_t heads, int64_t c) {
+      return contiguous_view<void>(m.get(), heads, S, c);
+    };
+    ForwardParams fp;
+    fp.problem = cfg.problem();
+    fp.problem.top_k = 0;
+    fp.qp = cv(qp, d.Hp, d.Dp);
+    fp.kp = cv(kp, d.Hpk, d.Dp);
+    fp.q = cv(q, d.H, d.D);
+    fp.k = cv(k, d.Hk, d.D);
+    fp.v = cv(v, d.Hk, d.D);
+    fp.out = mv(out, d.H, d.D);
+    fp.lse = static_cast<float*>(lse.get());
+    fp.lse_proxy = static_cast<float*>(lsep.get());
+    BackwardParams bp;
+    bp.problem = fp.problem;
+    bp.qp = fp.qp;
+    bp.kp = fp.kp;
+    bp.q = fp.q;
+    bp.k = fp.k;
+    bp.v = fp.v;
+    bp.out = cv(out, d.H, d.D);
+    bp.dout = cv(dout, d.H, d.D);
+    bp.lse = fp.lse;
+    bp.lse_proxy = fp.lse_proxy;
+    bp.kl_grad = static_cast<const float*>(w.get());
+    bp.kl = static_cast<float*>(kl.get());
+    bp.dqp = mv(dqp, d.Hp, d.Dp);
+    bp.dkp = mv(dkp, d.Hpk, d.Dp);
+    bp.dq = mv(dq, d.H, d.D);
+    bp.dk = mv(dk, d.Hk, d.D);
+    bp.dv = mv(dv, d.Hk, d.D);
+    DeviceBuffer fws(std::max<size_t>(cuda::forward_workspace_bytes(fp, true), 256));
+    DeviceBuffer bws(cuda::backward_workspace_bytes(bp, true));
+    const double attended = double(S) * double(S + 1) / 2;
+    auto time_ms = [](const auto& fn) {
+      cudaEvent_t start, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&stop);
+      std::vector<float> ms;
+      for (int it = 0; it < 4; ++it) {
+        cudaEventRecord(start);
+        fn();
+        cudaEventRecord(stop);
+        EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+        float t = 0;
+        cudaEventElapsedTime(&t, start, stop);
+        if (it > 0) ms.push_back(t);
+      }
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      std::sort(ms.begin(), ms.end());
+      return ms[ms.size() / 2];
+    };
+    const float f_ms = time_ms([&] { cuda::warmup_forward(fp, {fws.get(), fws.bytes()}, nullptr); });
+    const float b_ms = time_ms([&] { cuda::warmup_backward(bp, {bws.get(), bws.bytes()}, nullptr); });
+    float kl_value = 0.f;
+    cudaMemcpy(&kl_value, kl.get(), 4, cudaMemcpyDeviceToHost);
+    EXPECT_TRUE(std::isfinite(kl_value) && kl_value > 0.f) << kl_value;
+    std::printf("[ perf ] warmup S=%ld (%s kernels): forward %.2f ms (%.1f TFLOP/s), backward "
+                "with the KL value %.2f ms (%.1f TFLOP/s), kl %.4f\n",
+                static_cast<long>(S), cuda::kernels_name(cuda::warmup_kernels(fp.problem)), f_ms,
+                4.0 * d.H * d.D * attended / (f_ms * 1e-3) / 1e12, b_ms,
+                10.0 * d.H * d.D * attended / (b_ms * 1e-3) / 1e12, kl_value);
+  }
 }
 
 }  // namespace

@@ -204,6 +204,27 @@ inline std::vector<ShapeCase> sparse_shapes() {
   };
 }
 
+// Shapes of the Hopper warmup kernels (D = Dp = 128): G = 64 (the portable warmup kernels take
+// G <= 16) with packed documents and B = 2; several proxy heads per kv head and per proxy key
+// head with ragged S, token-major views and a document shorter than a block.
+inline std::vector<ShapeCase> warmup_shapes() {
+  return {
+      {"B2_S700_G64_D128_docs",
+       {.B = 2, .S = 700, .H = 64, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 128, .Dp = 128, .K = 1},
+       {90, 600, 1000}},
+      {"S1000_G4_Hp4_Hpk2_token_major_docs",
+       {.B = 1, .S = 1000, .H = 16, .Hk = 2, .Hp = 4, .Hpk = 2, .D = 128, .Dp = 128, .K = 1},
+       {300, 350},
+       Layout::kTokenMajor},
+  };
+}
+
+// G > 16 runs only on the Hopper warmup kernels: true (and a skip message) where they do not run.
+inline bool skip_without_hopper_warmup(const Config& cfg) {
+  return cfg.d.H / cfg.d.Hp > 16 &&
+         cuda::warmup_kernels(cfg.problem()) != cuda::Kernels::kHopper;
+}
+
 // Parameters (shape, dtype, warmup) of the forward and backward tests, named
 // "<shape>_<bf16|fp16>_<sparse|warmup>".
 using ModeParam = std::tuple<ShapeCase, DType, bool /*warmup*/>;

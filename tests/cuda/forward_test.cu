@@ -135,6 +135,32 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaForward,
                                             ::testing::Bool()),
                          mode_case_name);
 
+// The warmup forward on the Hopper kernels' shapes (on an H100/H200), without and with the KL
+// value.
+using CudaWarmupForward = CudaTestWithParam<ShapeCase>;
+
+TEST_P(CudaWarmupForward, WithoutKlMatchesCpu) {
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const Config cfg = case_config(GetParam(), dtype);
+    if (skip_without_hopper_warmup(cfg)) GTEST_SKIP() << "G > 16 needs the Hopper warmup kernels";
+    const Inputs in = random_inputs(cfg.d, 97, dtype);
+    const Outputs want = run_forward(cpu_config(cfg), in, true, {});
+    const CudaOutputs got = run_cuda_forward(cfg, in, true, {}, false);
+    expect_match(got, want, dtype, false);
+    // Asked for the KL value, the forward also runs the portable kernels' second walk (G <= 16),
+    // and every other output keeps its bits.
+    if (cfg.d.H / cfg.d.Hp > 16) continue;
+    const CudaOutputs with_kl = run_cuda_forward(cfg, in, true, {}, true);
+    EXPECT_NEAR(with_kl.kl, want.kl, 2e-3 * std::fabs(want.kl) + 1e-5) << "kl";
+    EXPECT_EQ(with_kl.out.v, got.out.v);
+    EXPECT_EQ(with_kl.lse, got.lse);
+    EXPECT_EQ(with_kl.lse_proxy, got.lse_proxy);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaWarmupForward, ::testing::ValuesIn(warmup_shapes()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 void check_sparse_forward(const ShapeCase& sc) {
   const Config cfg = case_config(sc, DType::kBFloat16);
   const Inputs in = random_inputs(cfg.d, 2468, cfg.dtype);
@@ -338,10 +364,22 @@ TEST_F(CudaForwardLimits, RejectedWithNamedArgument) {
   };
   const cuda::Workspace big{ws.get(), ws.bytes()};
   {
-    Config c = cfg;  // G = 128: beyond the sparse kernels' 64, and the warmup kernels' 16
+    Config c = cfg;  // G = 128: beyond the sparse kernels' 64; G = 32 (D = 64): the portable
+                     // warmup kernels' 16
     c.d.H = 128;
     c.d.Hk = 1;
     EXPECT_MSA_ERROR(cuda::sparse_forward(params_for(c), big, nullptr), "heads");
+    c.d.H = 32;
+    EXPECT_MSA_ERROR(cuda::warmup_forward(params_for(c), big, nullptr), "heads");
+  }
+  {
+    Config c = cfg;  // D = Dp = 128: the Hopper warmup kernels take G <= 64, and the forward
+                     // asked for the KL value G <= 16 (its second walk runs on the portable
+                     // kernels)
+    c.d.D = c.d.Dp = 128;
+    c.d.H = 128;
+    c.d.Hk = 1;
+    EXPECT_MSA_ERROR(cuda::warmup_forward(params_for(c), big, nullptr), "heads");
     c.d.H = 32;
     EXPECT_MSA_ERROR(cuda::warmup_forward(params_for(c), big, nullptr), "heads");
   }

@@ -3,7 +3,8 @@
 Each CUDA result in bf16/fp16 is compared with the CPU path run in fp32 on the same (rounded)
 inputs and, for attention, on the indices the CUDA selection returned, so every comparison is
 exact up to arithmetic: relative L2 error below 1e-2. The CUDA backend requires Hp % Hk == 0,
-G = H / Hp <= 64 (16 in warmup) and (D, Dp) in {(32, 32), (64, 32), (64, 64), (128, 64),
+G = H / Hp <= 64 (in warmup: 64 on the Hopper kernels, D = Dp = 128; 16 on the portable ones
+and for the forward's KL value) and (D, Dp) in {(32, 32), (64, 32), (64, 64), (128, 64),
 (128, 128)}.
 """
 
@@ -53,7 +54,7 @@ def run(inputs: dict, shape: Shape, indices, device, kl_weight, compute_kl=True,
         out, kl = flash_msa.sparse_attention(*args, indices, **common)
     ((out * inputs["dout"].to(device)).sum() + kl_weight * kl).backward()
     _, _, lse, lse_proxy = flash_msa.ops.forward(
-        *(t.detach() for t in args), indices, shape.D ** -0.5, shape.Dp ** -0.5, cu, True, None)
+        *(t.detach() for t in args), indices, shape.D ** -0.5, shape.Dp ** -0.5, cu, False, None)
     return dict(out=out, kl=kl, lse=lse, lse_proxy=lse_proxy,
                 **{f"d{n}": t.grad for n, t in leaves.items()})
 
@@ -128,6 +129,32 @@ def test_matches_cpu(shape, dtype, mode):
             assert g.dtype == dtype, name
         assert torch.isfinite(g).all(), name
         assert rel_l2(g, e) < REL_L2, f"{name}: rel L2 {rel_l2(g, e):.3g}"
+
+
+hopper_warmup = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+    or os.environ.get("FLASH_MSA_PORTABLE_KERNELS", "0") not in ("", "0"),
+    reason="G > 16 in warmup runs on the Hopper warmup kernels (compute capability 9.x)",
+)
+
+
+@hopper_warmup
+def test_warmup_with_64_heads_per_proxy_head():
+    """G = 64 on the Hopper warmup kernels, with documents; the KL value from the backward."""
+    shape = Shape(B=1, S=400, H=64, Hk=1, Hp=1, Hpk=1, D=128, Dp=128, K=1,
+                  cu_seqlens=(0, 150, 400))
+    inputs = random_inputs(shape, torch.bfloat16, seed=50, device="cuda")
+    weight = 0.75 * shape.N
+    kl_out = torch.full((), float("nan"), device="cuda")
+    got = run(inputs, shape, None, "cuda", weight, compute_kl=False, kl_out=kl_out)
+    fp32 = {n: t.cpu().float() for n, t in inputs.items()}
+    expected = run(fp32, shape, None, "cpu", weight)
+    assert rel_l2(kl_out, expected["kl"]) < 1e-3, (kl_out.item(), expected["kl"].item())
+    for name, e in expected.items():
+        if name != "kl":
+            assert rel_l2(got[name], e) < REL_L2, f"{name}: rel L2 {rel_l2(got[name], e):.3g}"
+    with pytest.raises(ValueError, match="heads"):  # the forward's KL value: G <= 16
+        run(inputs, shape, None, "cuda", weight, compute_kl=True)
 
 
 def test_gradients_are_bitwise_reproducible():

@@ -209,6 +209,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
         .scale = scale,
         .out_heads = static_cast<int>(heads),
         .width = width,
+        .tokens = shape.seqlen,
         .shape = shape,
     };
   };

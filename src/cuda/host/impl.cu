@@ -23,7 +23,7 @@ Probe probe(int device) {
     return Probe::kPortable;
   }
   return major == 9 && sm90::sparse_forward_built() && sm90::sparse_backward_built() &&
-                 sm90::select_built()
+                 sm90::select_built() && sm90::warmup_built()
              ? Probe::kHopper
              : Probe::kPortable;
 }
@@ -63,6 +63,12 @@ const char* kernels_name(Kernels kernels) {
 Kernels sparse_kernels(const Problem& problem) {
   // The Hopper kernels are instantiated for D = 128 (forward/sm90, backward/sm90).
   return problem.head_dim == 128 ? hopper_unless_forced() : Kernels::kPortable;
+}
+
+Kernels warmup_kernels(const Problem& problem) {
+  // The Hopper dense kernels are instantiated for D = Dp = 128 (warmup/sm90).
+  return problem.head_dim == 128 && problem.proxy_head_dim == 128 ? hopper_unless_forced()
+                                                                  : Kernels::kPortable;
 }
 
 Kernels select_kernels(const Problem& problem) {

@@ -11,12 +11,13 @@
 
 namespace flash_msa::cuda {
 
-// The Hopper kernels' own probe (forward/sm90, backward/sm90, select/sm90): the binary holds
-// sm_90a code for them (false when the build's architectures leave sm_90a out).
+// The Hopper kernels' own probe (forward/sm90, backward/sm90, select/sm90, warmup/sm90): the
+// binary holds sm_90a code for them (false when the build's architectures leave sm_90a out).
 namespace sm90 {
 bool sparse_forward_built();
 bool sparse_backward_built();
 bool select_built();
+bool warmup_built();
 }  // namespace sm90
 
 // Launches kernel<<<grid, threads, bytes, stream>>>(params), first allowing `bytes` of dynamic

@@ -56,8 +56,14 @@ void launch_kl_rows(const MergeParams& params, cudaStream_t stream) {
 
 void launch_kl_reduce(const float* partial, const KernelShape& shape, float* kl,
                       cudaStream_t stream) {
+  launch_kl_sum(partial, int64_t(shape.batch) * shape.proxy_heads * shape.queries, shape, kl,
+                stream);
+}
+
+void launch_kl_sum(const float* partial, int64_t count, const KernelShape& shape, float* kl,
+                   cudaStream_t stream) {
   const int64_t rows = int64_t(shape.batch) * shape.proxy_heads;
-  kl_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(partial, rows * shape.queries,
+  kl_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(partial, count,
                                                      1.0 / (double(rows) * shape.seqlen), kl);
   FLASH_MSA_CHECK_LAUNCH();
 }

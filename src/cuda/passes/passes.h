@@ -43,6 +43,9 @@ void launch_kl_rows(const MergeParams& params, cudaStream_t stream);
 // kl = sum of the B * Hp * Sq row terms `partial` / (B * Hp * S), in a fixed order; one CTA.
 void launch_kl_reduce(const float* partial, const KernelShape& shape, float* kl,
                       cudaStream_t stream);
+// The same over `count` terms of any grouping.
+void launch_kl_sum(const float* partial, int64_t count, const KernelShape& shape, float* kl,
+                   cudaStream_t stream);
 
 // The teacher rows of a chunk (mean over the group's heads of P per edge) for the KL value:
 // the portable sparse backward kernel in teacher mode (reads q, k, index, items, lse).
@@ -87,10 +90,11 @@ struct KeysReduceParams {
 
 // dst = scale * acc in the dtype; acc null: zeros.
 struct KeysStoreParams {
-  const float* acc;  // [B, out_heads, S, width]
-  MutView dst;       // [B, out_heads, S, width] strided
+  const float* acc;  // [B, out_heads, tokens, width]
+  MutView dst;       // [B, out_heads, tokens, width] strided
   float scale;
   int out_heads, width;
+  int tokens;  // rows per head: S for key rows, Sq for query rows
   KernelShape shape;
 };
 

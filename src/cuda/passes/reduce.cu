@@ -150,11 +150,11 @@ template <class T>
 __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStoreParams p) {
   const int quads = p.width / 4;
   int64_t x = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (x >= int64_t(p.shape.batch) * p.out_heads * p.shape.seqlen * quads) return;
+  if (x >= int64_t(p.shape.batch) * p.out_heads * p.tokens * quads) return;
   const int col = static_cast<int>(x % quads) * 4;
   const int64_t row = x / quads;
-  const int j = static_cast<int>(row % p.shape.seqlen);
-  const int64_t bh = row / p.shape.seqlen;
+  const int j = static_cast<int>(row % p.tokens);
+  const int64_t bh = row / p.tokens;
   const int b = static_cast<int>(bh / p.out_heads), h = static_cast<int>(bh % p.out_heads);
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (p.acc) v = *reinterpret_cast<const float4*>(p.acc + row * p.width + col);
@@ -193,7 +193,7 @@ void launch_keys_reduce(const KeysReduceParams& params, cudaStream_t stream) {
 template <class T>
 void launch_keys_store(const KeysStoreParams& params, cudaStream_t stream) {
   const int64_t threads =
-      int64_t(params.shape.batch) * params.out_heads * params.shape.seqlen * (params.width / 4);
+      int64_t(params.shape.batch) * params.out_heads * params.tokens * (params.width / 4);
   keys_store_kernel<T><<<blocks_for(threads), kThreads, 0, stream>>>(params);
   FLASH_MSA_CHECK_LAUNCH();
 }

@@ -179,13 +179,18 @@ int64_t max_items(const Shape& shape, int64_t chunk_tokens) {
          shape.buckets();
 }
 
+void launch_doc_start(const int32_t* cu_seqlens, int64_t num_docs, int64_t batch, int64_t seqlen,
+                      int32_t* doc_start, cudaStream_t stream) {
+  const int64_t tokens = batch * seqlen;
+  doc_start_kernel<<<grid_of(tokens), kThreads, 0, stream>>>(
+      cu_seqlens, static_cast<int>(num_docs), tokens, static_cast<int>(seqlen), doc_start);
+  FLASH_MSA_CHECK_LAUNCH();
+}
+
 Index build_index(const Shape& shape, const int32_t* indices, const int32_t* cu_seqlens,
                   int64_t num_docs, void* workspace, cudaStream_t stream) {
   const IndexArrays a = index_arrays(shape, workspace);
-  const int64_t tokens = shape.batch * shape.seqlen;
-  doc_start_kernel<<<grid_of(tokens), kThreads, 0, stream>>>(
-      cu_seqlens, static_cast<int>(num_docs), tokens, static_cast<int>(shape.seqlen), a.doc_start);
-  FLASH_MSA_CHECK_LAUNCH();
+  launch_doc_start(cu_seqlens, num_docs, shape.batch, shape.seqlen, a.doc_start, stream);
   FLASH_MSA_CUDA_CHECK(cudaMemsetAsync(
       a.bucket_count, 0, static_cast<size_t>(shape.buckets() + 1) * sizeof(int32_t), stream));
   edges_kernel<<<grid_of(shape.rows()), kThreads, 0, stream>>>(

@@ -52,6 +52,11 @@ size_t items_workspace_bytes(const Shape& shape);
 // Upper bound of the items of a chunk of `chunk_tokens` tokens per batch row.
 int64_t max_items(const Shape& shape, int64_t chunk_tokens);
 
+// doc_start[b * S + s] = the in-row position of the start of token s's document (0 without
+// cu_seqlens [num_docs + 1]).
+void launch_doc_start(const int32_t* cu_seqlens, int64_t num_docs, int64_t batch, int64_t seqlen,
+                      int32_t* doc_start, cudaStream_t stream);
+
 // indices [B, Hp, Sq, K] contiguous; cu_seqlens [num_docs + 1] or null; `workspace` holds
 // index_workspace_bytes(shape), 256-byte aligned.
 Index build_index(const Shape& shape, const int32_t* indices, const int32_t* cu_seqlens,

@@ -10,6 +10,19 @@
 namespace flash_msa::cuda::portable {
 
 template <class T, int kD, int kDp>
+void launch_backward_reduce(const BackwardKernelParams& p, cudaStream_t stream) {
+  using namespace backward;
+  constexpr int kThreads = 256;
+  constexpr int64_t kMaxBlocks = 1 << 16;  // grid-stride loops cover the rest
+  const int64_t items = int64_t(p.shape.batch) * p.shape.seqlen *
+                        ((p.shape.heads / p.shape.kv_group) * (kD / 8) +
+                         (p.shape.proxy_heads / p.shape.proxy_group) * (kDp / 8));
+  const int64_t reduce_blocks = std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks);
+  reduce_kernel<T, kD, kDp><<<static_cast<unsigned>(reduce_blocks), kThreads, 0, stream>>>(p);
+  FLASH_MSA_CHECK_LAUNCH();
+}
+
+template <class T, int kD, int kDp>
 void launch_backward(const BackwardKernelParams& p, cudaStream_t stream) {
   using namespace backward;
   constexpr int kThreads = 256;
@@ -35,16 +48,12 @@ void launch_backward(const BackwardKernelParams& p, cudaStream_t stream) {
   dkv_kernel<T, kD, kDp><<<kv_grid, kKvThreads, kKvSmem, stream>>>(p);
   FLASH_MSA_CHECK_LAUNCH();
 
-  const int64_t items = int64_t(p.shape.batch) * p.shape.seqlen *
-                        ((p.shape.heads / p.shape.kv_group) * (kD / 8) +
-                         (p.shape.proxy_heads / p.shape.proxy_group) * (kDp / 8));
-  const int64_t reduce_blocks = std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks);
-  reduce_kernel<T, kD, kDp><<<static_cast<unsigned>(reduce_blocks), kThreads, 0, stream>>>(p);
-  FLASH_MSA_CHECK_LAUNCH();
+  launch_backward_reduce<T, kD, kDp>(p, stream);
 }
 
 }  // namespace flash_msa::cuda::portable
 
 // One explicit instantiation for element type T (FLASH_MSA_INSTANTIATE, common/instantiate.h).
-#define FLASH_MSA_WARMUP_BACKWARD_DIM(T, D, DP) \
-  template void launch_backward<T, D, DP>(const BackwardKernelParams&, cudaStream_t);
+#define FLASH_MSA_WARMUP_BACKWARD_DIM(T, D, DP)                                       \
+  template void launch_backward<T, D, DP>(const BackwardKernelParams&, cudaStream_t); \
+  template void launch_backward_reduce<T, D, DP>(const BackwardKernelParams&, cudaStream_t);

@@ -64,4 +64,10 @@ void launch_forward(const ForwardKernelParams& params, cudaStream_t stream);
 template <class T, int kD, int kDp>
 void launch_backward(const BackwardKernelParams& params, cudaStream_t stream);
 
+// The last of those steps alone: dk, dv, dkp = the fixed-order sums of the per-proxy-head
+// partials dk_part, dv_part, dkp_part (scaled already), in the dtype. The Hopper backward
+// (warmup/sm90) writes the same partials.
+template <class T, int kD, int kDp>
+void launch_backward_reduce(const BackwardKernelParams& params, cudaStream_t stream);
+
 }  // namespace flash_msa::cuda::portable

@@ -1,0 +1,494 @@
+// Hopper (wgmma) dense backward of warmup mode (SPEC sections 3 to 5 with T(p, i) = every visible
+// key): the main gradients of the G heads of a proxy group, the teacher, the KL terms and the
+// proxy gradients, in one key-outer pass.
+//
+// One CTA takes key block n of proxy head p (of batch row b) and keeps K_n, V_n and Kp_n in
+// shared memory; its two warpgroups split the block's keys (warpgroup w owns keys 64 w ..
+// 64 w + 63 and their dK, dV in registers, 2 x 64 fp32 per thread). It walks the query chunks
+// of 64 that see the block (from the block on to the end of the documents it overlaps), last
+// chunk first, and in each chunk the G heads and then the proxy head, one 64-row tile each
+// (Q, dO and the rows' lse, Delta double-buffered, the next tile's gather in flight):
+//   head h:  S = Q K_w^T, dP = dO V_w^T      (m64n64k16 from shared memory)
+//            P = exp2(S scale log2e - lse log2e), dS = P (dP - Delta), both to shared memory in
+//            the dtype; P also added in fp32 to the chunk's teacher sum (shared memory, each
+//            thread its own entries)
+//            dV_w += P_w^T dO, dK_w += dS_w^T Q  (m64n128k16, P^T, dS^T read MN-major)
+//            dQ[:, 64 w ..] += dS K[:, 64 w ..]   (fp32, into a zeroed accumulator)
+//   proxy:   Sp = Qp Kp_w^T, pp = exp2(Sp ps log2e - lse_p log2e), t = teacher sum / G,
+//            g = w (pp - t) / (B Hp S), the KL terms t (log t - log pp); g to shared memory;
+//            dKp_w = g_w^T Qp (added into this CTA's fp32 rows), dQp[:, 64 w ..] += g Kp
+// so the teacher never leaves the CTA and nothing quadratic is stored.
+//
+// Determinism: dQ and dQp of a chunk collect one term per key block; the terms are added in
+// the order of the blocks. A counter per (chunk, head or proxy) counts the blocks done: the
+// CTA of block n adds once the counter reaches n - (the first block the chunk sees), and
+// counts itself after its adds (a CTA barrier, then one thread's fence and atomic increment).
+// CTAs take their (n, b, p) from an atomic ticket in block order, so a CTA only ever waits for
+// CTAs that already run; and because every CTA walks the chunks last first, the CTA of block n
+// trails the one of block n - 1 by one tile at most, instead of waiting for it to reach the
+// chunk. dK, dV, dKp and the KL terms are per CTA, written once (dKp rows added per chunk by
+// the thread that owns them) and reduced in a fixed order afterwards.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/common/tile_sm80.cuh"
+#include "cuda/common/wgmma_sm90.cuh"
+#include "cuda/warmup/sm90/warmup_sm90.h"
+
+namespace flash_msa::cuda::sm90::dense_backward {
+
+inline constexpr int kThreads = 256;  // two warpgroups
+inline constexpr int kRows = 64;      // query rows of a tile (a chunk)
+inline constexpr int kKeys = 128;     // keys of a block
+inline constexpr int kD = 128;        // D = Dp (two 64-column panels)
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// Byte offsets of the SW128-panel tiles (wgmma_sm90.cuh): K, V, Kp, Q[2] (Qp on proxy tiles),
+// dO[2], P, dS (g on proxy tiles); the fp32 teacher sums; slack to align the start to 1024 bytes.
+struct SharedMemory {
+  static constexpr int kKv = kKeys * kD * 2;
+  static constexpr int kTile = kRows * kD * 2;
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKv;
+  static constexpr int kKp = kV + kKv;
+  static constexpr int kQ = kKp + kKv;
+  static constexpr int kDout = kQ + 2 * kTile;
+  static constexpr int kP = kDout + 2 * kTile;
+  static constexpr int kDs = kP + kRows * kKeys * 2;
+  static constexpr int kTeacher = kDs + kRows * kKeys * 2;
+  static constexpr int kBytes = kTeacher + kRows * kKeys * 4 + 1024;
+};
+
+// Stores the values of keys col, col + 1 (col even) of row r of a [kRows, 128] P or dS tile.
+template <class T>
+__device__ __forceinline__ void store_pair(unsigned char* tile, int r, int col, float lo,
+                                           float hi) {
+  *reinterpret_cast<uint32_t*>(tile + sw128_offset<kRows>(r, col / 8) + (col % 8) * 2) =
+      Elem<T>::pack(lo, hi);
+}
+
+__device__ __forceinline__ int load_acquire(const int32_t* at) {
+  int32_t value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(at) : "memory");
+  return value;
+}
+
+// This thread's entries of a [64, 128] fp32 accumulator tile at acc (row-major): rows
+// row_in_tile + 8 h (below rows_left), columns col0 + 8 t + 2 (lane % 4) + e, as an m64n64
+// accumulator holds them (d[4 t + 2 h + e]). The tile's terms are added in a fixed order, one CTA
+// at a time, so plain loads and stores do (atomic adds cost the L2 twice the time here); the
+// loads bypass L1, which may hold lines an earlier CTA of this SM read.
+struct AccRows {
+  float* base;
+  int row_in_tile, rows_left, col0, lane;
+
+  __device__ __forceinline__ float2* at(int h, int t) const {
+    return reinterpret_cast<float2*>(base + int64_t(row_in_tile + 8 * h) * kD + col0 +
+                                     2 * (lane % 4) + 8 * t);
+  }
+  __device__ __forceinline__ void load(float2 (&prev)[16]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+        prev[8 * h + t] =
+            row_in_tile + 8 * h < rows_left ? __ldcg(at(h, t)) : make_float2(0.f, 0.f);
+  }
+  __device__ __forceinline__ void store(const float2 (&prev)[16], const float (&d)[32]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row_in_tile + 8 * h >= rows_left) continue;
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+        __stcg(at(h, t), make_float2(prev[8 * h + t].x + d[4 * t + 2 * h],
+                                     prev[8 * h + t].y + d[4 * t + 2 * h + 1]));
+    }
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwardParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Smem = SharedMemory;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ float row_stats[2][2][kRows];  // [tile buffer][lse, Delta][tile row]
+  __shared__ float kl_warps[kThreads / 32];
+  __shared__ int ticket_s, end_s;
+  unsigned char* smem = align_1024(smem_raw);
+  unsigned char* s_p = smem + Smem::kP;
+  unsigned char* s_ds = smem + Smem::kDs;
+  float* teacher = reinterpret_cast<float*>(smem + Smem::kTeacher);
+  const KernelShape& sh = p.shape;
+  const int wg = warpgroup_index(), warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int chunks = (sh.queries + kRows - 1) / kRows;
+  const int slots = sh.group + 1;  // the G heads, then the proxy
+  int32_t* const tickets = p.order + int64_t(sh.batch) * sh.proxy_heads * chunks * slots;
+
+  if (threadIdx.x == 0) ticket_s = atomicAdd(tickets, 1);
+  __syncthreads();
+  const int ticket = ticket_s;
+  const int n = ticket / (sh.batch * sh.proxy_heads);
+  const int b = (ticket / sh.proxy_heads) % sh.batch, ph = ticket % sh.proxy_heads;
+  const int key0 = n * kKeys, key_last = min(key0 + kKeys, sh.seqlen) - 1;
+  const int head0 = ph * sh.group, kvh = head0 / sh.kv_group, pkh = ph / sh.proxy_group;
+  const int32_t* doc_start = p.doc_start ? p.doc_start + int64_t(b) * sh.seqlen : nullptr;
+  auto doc_of = [&](int position) { return doc_start ? __ldg(doc_start + position) : 0; };
+  // The queries that see the block: positions from key0 to the end of the last document that
+  // overlaps it (the first position whose document starts past the block).
+  if (threadIdx.x == 0) {
+    int lo = key0, hi = sh.seqlen;
+    if (doc_start)
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (__ldg(doc_start + mid) > key_last)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+    end_s = doc_start ? lo : sh.seqlen;
+  }
+
+  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + kvh * p.k.stride_h;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + kvh * p.v.stride_h;
+  const T* kp = static_cast<const T*>(p.kp.data) + b * p.kp.stride_b + pkh * p.kp.stride_h;
+  auto key_row = [&](int r, bool& valid) {
+    valid = key0 + r < sh.seqlen;
+    return min(key0 + r, sh.seqlen - 1);
+  };
+  copy_rows_sw128<kKeys, kD, kThreads>(
+      smem + Smem::kK, [&](int r, bool& valid) { return k + key_row(r, valid) * p.k.stride_s; },
+      threadIdx.x);
+  copy_rows_sw128<kKeys, kD, kThreads>(
+      smem + Smem::kV, [&](int r, bool& valid) { return v + key_row(r, valid) * p.v.stride_s; },
+      threadIdx.x);
+  copy_rows_sw128<kKeys, kD, kThreads>(
+      smem + Smem::kKp, [&](int r, bool& valid) { return kp + key_row(r, valid) * p.kp.stride_s; },
+      threadIdx.x);
+  cp_async_commit();
+  __syncthreads();  // end_s
+
+  const int q_lo = max(key0, sh.query_offset) - sh.query_offset;
+  const int q_hi = min(end_s, sh.query_offset + sh.queries) - sh.query_offset;
+  const int c_lo = q_lo / kRows, c_hi = (q_hi - 1) / kRows;
+  const int tiles = q_lo < q_hi ? (c_hi - c_lo + 1) * slots : 0;
+  auto tile_chunk = [&](int i) { return c_hi - i / slots; };
+  auto counter = [&](int c, int slot) {
+    return p.order + ((int64_t(b) * sh.proxy_heads + ph) * chunks + c) * slots + slot;
+  };
+
+  // Q (Qp), dO, lse (lse_p) and Delta of tile i, into buffer buf; rows past the queries zero.
+  auto load_tile = [&](int i, int buf) {
+    const int c = tile_chunk(i), slot = i % slots;
+    const bool proxy = slot == sh.group;
+    const int h = head0 + slot;
+    auto row = [&](int r, bool& valid) {
+      valid = c * kRows + r < sh.queries;
+      return min(c * kRows + r, sh.queries - 1);
+    };
+    const ConstView qv = proxy ? p.qp : p.q;
+    const T* q = static_cast<const T*>(qv.data) + b * qv.stride_b + (proxy ? ph : h) * qv.stride_h;
+    copy_rows_sw128<kRows, kD, kThreads>(
+        smem + Smem::kQ + buf * Smem::kTile,
+        [&](int r, bool& valid) { return q + row(r, valid) * qv.stride_s; }, threadIdx.x);
+    if (!proxy) {
+      const T* dout =
+          static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h;
+      copy_rows_sw128<kRows, kD, kThreads>(
+          smem + Smem::kDout + buf * Smem::kTile,
+          [&](int r, bool& valid) { return dout + row(r, valid) * p.dout.stride_s; }, threadIdx.x);
+    }
+    if (threadIdx.x < 2 * kRows) {
+      const int r = threadIdx.x % kRows, which = threadIdx.x / kRows;
+      bool valid;
+      const int qi = row(r, valid);
+      const int64_t at =
+          (int64_t(b) * (proxy ? sh.proxy_heads : sh.heads) + (proxy ? ph : h)) * sh.queries + qi;
+      const float* src = proxy ? p.lse_proxy : (which == 0 ? p.lse : p.delta);
+      cp_async_4(&row_stats[buf][which][r], src + at, valid && (which == 0 || !proxy));
+    }
+    cp_async_commit();
+  };
+  if (tiles > 0) load_tile(0, 0);
+
+  // dK, dV of key 64 wg + 16 warp + lane / 4 + 8 (e / 2), column 8 t + 2 (lane % 4) + e % 2 in
+  // [4 t + e] (the m64n128 accumulator).
+  float dk[64], dv[64];
+#pragma unroll
+  for (int j = 0; j < 64; ++j) dk[j] = dv[j] = 0.f;
+  float kl = 0.f;  // this thread's KL terms
+  const uint64_t q_desc = sw128_desc(smem_addr(smem + Smem::kQ), 16, 1024);
+  const uint64_t do_desc = sw128_desc(smem_addr(smem + Smem::kDout), 16, 1024);
+  const uint64_t q_mn_desc = sw128_desc(smem_addr(smem + Smem::kQ), kRows * 128, 1024);
+  const uint64_t do_mn_desc = sw128_desc(smem_addr(smem + Smem::kDout), kRows * 128, 1024);
+  const uint64_t k_desc = sw128_desc(smem_addr(smem + Smem::kK), 16, 1024);
+  const uint64_t v_desc = sw128_desc(smem_addr(smem + Smem::kV), 16, 1024);
+  const uint64_t kp_desc = sw128_desc(smem_addr(smem + Smem::kKp), 16, 1024);
+  const uint64_t p_desc = sw128_desc(smem_addr(s_p), 16, 1024);
+  const uint64_t ds_desc = sw128_desc(smem_addr(s_ds), 16, 1024);
+  const float w = p.kl_grad ? __ldg(p.kl_grad) * sh.inv_rows : 0.f;
+  const float inv_group = 1.f / sh.group;
+
+  int lo[2], hi[2];  // this lane's rows' visible columns in the current chunk
+  int buf = 0;
+  for (int i = 0; i < tiles; ++i, buf ^= 1) {
+    const int c = tile_chunk(i), slot = i % slots;
+    const bool proxy = slot == sh.group;  // CTA-uniform
+    cp_async_wait<0>();
+    fence_async_shared();
+    __syncthreads();  // this tile landed; the last tile's products and adds are done
+    if (i + 1 < tiles) load_tile(i + 1, buf ^ 1);
+    const uint32_t tile_offset = buf * Smem::kTile;
+    const AccRows dq_rows{
+        proxy ? p.dqp_acc + ((int64_t(b) * sh.proxy_heads + ph) * sh.queries + c * kRows) * kD
+              : p.dq_acc + ((int64_t(b) * sh.heads + head0 + slot) * sh.queries + c * kRows) * kD,
+        16 * warp + lane / 4, sh.queries - c * kRows, 64 * wg, lane};
+    float2 dq_prev[16];  // the dQ (dQp) terms of the blocks before this one
+
+    if (slot == 0) {
+      // Rows 16 warp + 8 h + lane / 4 of the chunk: their columns 64 wg + 8 c + 2 (lane % 4) + e
+      // are visible from 8 c + e = lo[h] to hi[h].
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = c * kRows + 16 * warp + 8 * h + lane / 4;
+        const int col0 = key0 + 64 * wg + 2 * (lane % 4);
+        lo[h] = INT_MAX;
+        hi[h] = INT_MIN;
+        if (qi < sh.queries) {
+          const int position = sh.query_offset + qi;
+          lo[h] = doc_of(position) - col0;
+          hi[h] = position - col0;
+        }
+      }
+    }
+    // The first block chunk c sees: the CTAs of the blocks before this one add first.
+    const int turn = n - doc_of(sh.query_offset + c * kRows) / kKeys;
+    float stat[2], delta[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      stat[h] = row_stats[buf][0][16 * warp + 8 * h + lane / 4];
+      delta[h] = row_stats[buf][1][16 * warp + 8 * h + lane / 4];
+    }
+    float dq[32];
+    // Thread 0, while the first products run: counts the last tile's adds (every thread's adds
+    // are behind the barrier above), and reads this tile's counter early.
+    int seen = 0;
+    auto release_and_peek = [&] {
+      if (threadIdx.x != 0) return;
+      if (i > 0) {
+        __threadfence();
+        atomicAdd(counter(tile_chunk(i - 1), (i - 1) % slots), 1);
+      }
+      seen = load_acquire(counter(c, slot));
+    };
+    auto wait_turn = [&] {
+      if (threadIdx.x == 0)
+        while (seen < turn) seen = load_acquire(counter(c, slot));
+    };
+
+    if (!proxy) {
+      // S = Q K_w^T and dP = dO V_w^T: K-steps of 16 columns, 4 per 64-column panel; this
+      // warpgroup's keys are rows 64 wg .. of each K / V panel.
+      float s[32], dp[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t panel = tile_offset + (kk / 4) * kRows * 128 + (kk % 4) * 32;
+        const uint32_t kv_panel = (kk / 4) * kKeys * 128 + 64 * wg * 128 + (kk % 4) * 32;
+        wgmma_m64n64k16_ss<T, 0, 0>(s, desc_add(q_desc, panel), desc_add(k_desc, kv_panel), kk > 0);
+        wgmma_m64n64k16_ss<T, 0, 0>(dp, desc_add(do_desc, panel), desc_add(v_desc, kv_panel),
+                                    kk > 0);
+      }
+      wgmma_commit();
+      release_and_peek();
+      wgmma_wait<0>();
+      fence_operands(s);
+      fence_operands(dp);
+
+      // P = exp2(S scale log2e - lse log2e), masked to 0 where not visible (most tiles see all
+      // 64 keys: no masking then); the teacher sum of the chunk.
+      mask_columns(s, lo, hi);
+#pragma unroll
+      for (int cc = 0; cc < 8; ++cc)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float pr[2], ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = 4 * cc + 2 * h + e;
+            pr[e] = fast_exp2(fmaf(s[j], sh.scale_log2, -stat[h] * kLog2e));
+            ds[e] = pr[e] * (dp[j] - delta[h]);
+            float& t = teacher[j * kThreads + threadIdx.x];
+            t = slot == 0 ? pr[e] : t + pr[e];
+          }
+          const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * cc + 2 * (lane % 4);
+          store_pair<T>(s_p, r, col, pr[0], pr[1]);
+          store_pair<T>(s_ds, r, col, ds[0], ds[1]);
+        }
+      wait_turn();
+      fence_async_shared();
+      __syncthreads();        // both halves of P and dS are in place; this CTA's turn to add
+      dq_rows.load(dq_prev);  // in flight during the products
+
+      // dV_w += P_w^T dO and dK_w += dS_w^T Q over the tile's rows (16 per step; P, dS read
+      // MN-major from panel wg; dO, Q MN-major, both 64-column panels at once); dQ = dS K[:, 64
+      // wg ..] over the block's keys (dS K-major, K MN-major from panel wg).
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kRows / 16; ++kk) {
+        const uint32_t rows16 = kk * 16 * 128;
+        wgmma_m64n128k16_ss<T, 1, 1>(dv, desc_add(p_desc, wg * kRows * 128 + rows16),
+                                     desc_add(do_mn_desc, tile_offset + rows16), true);
+        wgmma_m64n128k16_ss<T, 1, 1>(dk, desc_add(ds_desc, wg * kRows * 128 + rows16),
+                                     desc_add(q_mn_desc, tile_offset + rows16), true);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma_m64n64k16_ss<T, 0, 1>(dq, desc_add(ds_desc, (kk / 4) * kRows * 128 + (kk % 4) * 32),
+                                    desc_add(k_desc, wg * kKeys * 128 + kk * 16 * 128), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dk);
+      fence_operands(dv);
+      fence_operands(dq);
+      dq_rows.store(dq_prev, dq);
+    } else {
+      // The proxy tile: Sp = Qp Kp_w^T, the student, the teacher and g.
+      float sp[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t panel = tile_offset + (kk / 4) * kRows * 128 + (kk % 4) * 32;
+        const uint32_t kv_panel = (kk / 4) * kKeys * 128 + 64 * wg * 128 + (kk % 4) * 32;
+        wgmma_m64n64k16_ss<T, 0, 0>(sp, desc_add(q_desc, panel), desc_add(kp_desc, kv_panel),
+                                    kk > 0);
+      }
+      wgmma_commit();
+      release_and_peek();
+      wgmma_wait<0>();
+      fence_operands(sp);
+      mask_columns(sp, lo, hi);
+#pragma unroll
+      for (int cc = 0; cc < 8; ++cc)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float g[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = 4 * cc + 2 * h + e;
+            const float pp = fast_exp2(fmaf(sp[j], sh.proxy_scale_log2, -stat[h] * kLog2e));
+            const float t = teacher[j * kThreads + threadIdx.x] * inv_group;
+            g[e] = w * (pp - t);
+            // t log(t / pp), log pp = Sp proxy_scale - lse_p; t = 0 where pp is masked.
+            if (t > 0.f) kl += t * (__logf(t) - fmaf(sp[j], sh.proxy_scale, -stat[h]));
+          }
+          const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * cc + 2 * (lane % 4);
+          store_pair<T>(s_ds, r, col, g[0], g[1]);
+        }
+      wait_turn();
+      fence_async_shared();
+      __syncthreads();  // g is in place; this CTA's turn to add
+
+      // dQp = g Kp[:, 64 wg ..] with the first 64 columns of dKp_w = g_w^T Qp, then the other
+      // 64 (halves keep dK, dV and these products within the registers); dKp is added into the
+      // CTA's rows.
+      float dkp[32];
+      auto add_dkp = [&](int half) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = 64 * wg + 16 * warp + 8 * h + lane / 4;
+          if (key0 + key >= sh.seqlen) continue;
+          float* row = p.dkp_part +
+                       ((int64_t(b) * sh.proxy_heads + ph) * sh.seqlen + key0 + key) * kD +
+                       64 * half + 2 * (lane % 4);
+#pragma unroll
+          for (int t = 0; t < 8; ++t) {
+            float2 acc = *reinterpret_cast<float2*>(row + 8 * t);
+            acc.x = fmaf(dkp[4 * t + 2 * h], sh.proxy_scale, acc.x);
+            acc.y = fmaf(dkp[4 * t + 2 * h + 1], sh.proxy_scale, acc.y);
+            *reinterpret_cast<float2*>(row + 8 * t) = acc;
+          }
+        }
+      };
+      auto issue_dkp = [&](int half) {
+#pragma unroll
+        for (int kk = 0; kk < kRows / 16; ++kk) {
+          const uint32_t rows16 = kk * 16 * 128;
+          wgmma_m64n64k16_ss<T, 1, 1>(
+              dkp, desc_add(ds_desc, wg * kRows * 128 + rows16),
+              desc_add(q_mn_desc, tile_offset + half * kRows * 128 + rows16), kk > 0);
+        }
+      };
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma_m64n64k16_ss<T, 0, 1>(dq, desc_add(ds_desc, (kk / 4) * kRows * 128 + (kk % 4) * 32),
+                                    desc_add(kp_desc, wg * kKeys * 128 + kk * 16 * 128), kk > 0);
+      issue_dkp(0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dkp);
+      fence_operands(dq);
+      add_dkp(0);
+      dq_rows.load(dq_prev);
+      dq_rows.store(dq_prev, dq);
+      wgmma_fence();
+      issue_dkp(1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dkp);
+      add_dkp(1);
+    }
+  }
+  __syncthreads();  // the last tile's adds are done
+  if (tiles > 0 && threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter(tile_chunk(tiles - 1), (tiles - 1) % slots), 1);
+  }
+
+  // This CTA's dK (scaled), dV rows, and the sum of its KL terms in a fixed order.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = 64 * wg + 16 * warp + 8 * h + lane / 4;
+    if (key0 + key >= sh.seqlen) continue;
+    const int64_t at =
+        ((int64_t(b) * sh.proxy_heads + ph) * sh.seqlen + key0 + key) * kD + 2 * (lane % 4);
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      *reinterpret_cast<float2*>(p.dk_part + at + 8 * t) =
+          make_float2(dk[4 * t + 2 * h] * sh.scale, dk[4 * t + 2 * h + 1] * sh.scale);
+      *reinterpret_cast<float2*>(p.dv_part + at + 8 * t) =
+          make_float2(dv[4 * t + 2 * h], dv[4 * t + 2 * h + 1]);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) kl += __shfl_xor_sync(~0u, kl, off);
+  if (lane == 0) kl_warps[threadIdx.x / 32] = kl;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.f;
+    for (int x = 0; x < kThreads / 32; ++x) sum += kl_warps[x];
+    p.kl_part[(int64_t(b) * sh.proxy_heads + ph) * sh.num_blocks + n] = sum;
+  }
+#else
+  __trap();  // built without sm_90a code: warmup_kernels() never picks it then
+#endif
+}
+
+}  // namespace flash_msa::cuda::sm90::dense_backward
+
+namespace flash_msa::cuda::sm90 {
+
+template <class T>
+void launch_dense_backward(const DenseBackwardParams& params, cudaStream_t stream) {
+  using namespace dense_backward;
+  const auto& sh = params.shape;
+  launch_large_smem(backward_kernel<T>,
+                    static_cast<unsigned>(sh.batch * sh.proxy_heads * sh.num_blocks), kThreads,
+                    SharedMemory::kBytes, params, stream);
+}
+
+}  // namespace flash_msa::cuda::sm90
