@@ -148,8 +148,12 @@ TEST_P(CudaWarmupForward, WithoutKlMatchesCpu) {
     const CudaOutputs got = run_cuda_forward(cfg, in, true, {}, false);
     expect_match(got, want, dtype, false);
     // Asked for the KL value, the forward also runs the portable kernels' second walk (G <= 16),
-    // and every other output keeps its bits.
+    // and every other output keeps its bits; the portable kernels alone, without the value.
     if (cfg.d.H / cfg.d.Hp > 16) continue;
+    {
+      const PortableKernels portable;
+      expect_match(run_cuda_forward(cfg, in, true, {}, false), want, dtype, false);
+    }
     const CudaOutputs with_kl = run_cuda_forward(cfg, in, true, {}, true);
     EXPECT_NEAR(with_kl.kl, want.kl, 2e-3 * std::fabs(want.kl) + 1e-5) << "kl";
     EXPECT_EQ(with_kl.out.v, got.out.v);

@@ -229,7 +229,8 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
   if (kl || (hopper && pr.cu_seqlens))
     carve_workspace(workspace, forward_layout(pr, hopper, kl, &ws), "forward_workspace_bytes");
   const KernelShape shape = kernel_shape(pr);
-  if (kl) {
+  // The portable forward: the results, or on Hopper only the KL value.
+  if (kl || !hopper) {
     portable::ForwardKernelParams kp{
         .q = params.q,
         .k = params.k,
@@ -239,7 +240,7 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
         .out = params.out,
         .lse = stats32(params.lse),
         .lse_proxy = stats32(params.lse_proxy),
-        .kl_partial = ws.kl_partial,
+        .kl_partial = kl ? ws.kl_partial : nullptr,
         .cu_seqlens = pr.cu_seqlens,
         .shape = shape,
     };
@@ -251,7 +252,7 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
     dispatch_attention(pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
       portable::launch_forward<T, kD, kDp>(kp, stream);
     });
-    passes::launch_kl_reduce(ws.kl_partial, shape, stats32(params.kl), stream);
+    if (kl) passes::launch_kl_reduce(ws.kl_partial, shape, stats32(params.kl), stream);
     if (!hopper) return;
   }
   if (pr.cu_seqlens)
