@@ -116,8 +116,9 @@ def warmup_section(configs):
     out += [
         "",
         "The warmup step is the dense forward (without the KL value) and the dense backward, "
-        "which computes the main gradients, the teacher, the proxy gradients and the KL value "
-        "(`kl_out`) in one pass; the ratio takes the step with the KL value. cuDNN runs the main "
+        "which computes the main gradients, the teacher and the proxy gradients, and with "
+        "`kl_out` the KL value, in one pass; the ratio takes the step with the KL value. cuDNN "
+        "runs the main "
         "attention alone (causal, kv heads repeated to 64): no proxy branch, no teacher. With "
         "documents there is no dense peer (cuDNN would attend across the packed documents).",
         "",

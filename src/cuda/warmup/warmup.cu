@@ -134,6 +134,13 @@ portable::BackwardKernelParams portable_backward_params(const BackwardParams& pa
   };
 }
 
+// The Hopper kernels' document starts: launched into `buffer` with documents, null without.
+const int32_t* doc_starts(const Problem& pr, int32_t* buffer, cudaStream_t stream) {
+  if (!pr.cu_seqlens) return nullptr;
+  schedule::launch_doc_start(pr.cu_seqlens, pr.num_docs, pr.batch, pr.seqlen, buffer, stream);
+  return buffer;
+}
+
 // The limits of the kernels warmup_kernels() picks: G <= 16 for the portable ones.
 void check_warmup_limits(const Problem& pr, bool hopper) {
   check_attention_limits(pr, hopper ? 64 : portable::kMaxGroup);
@@ -147,9 +154,6 @@ void hopper_backward_launch(const BackwardParams& params, Workspace workspace,
   const KernelShape shape = kernel_shape(pr);
   FLASH_MSA_CUDA_CHECK(cudaMemsetAsync(
       ws.dq_acc, 0, ws.zero_end - reinterpret_cast<unsigned char*>(ws.dq_acc), stream));
-  if (pr.cu_seqlens)
-    schedule::launch_doc_start(pr.cu_seqlens, pr.num_docs, pr.batch, pr.seqlen, ws.doc_start,
-                               stream);
   const sm90::DenseBackwardParams bp{
       .q = params.q,
       .k = params.k,
@@ -161,7 +165,7 @@ void hopper_backward_launch(const BackwardParams& params, Workspace workspace,
       .lse_proxy = stats32(params.lse_proxy),
       .delta = ws.delta,
       .kl_grad = stats32(params.kl_grad),
-      .doc_start = pr.cu_seqlens ? ws.doc_start : nullptr,
+      .doc_start = doc_starts(pr, ws.doc_start, stream),
       .dq_acc = ws.dq_acc,
       .dqp_acc = ws.dqp_acc,
       .dk_part = ws.dk_part,
@@ -255,9 +259,6 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
     if (kl) passes::launch_kl_reduce(ws.kl_partial, shape, stats32(params.kl), stream);
     if (!hopper) return;
   }
-  if (pr.cu_seqlens)
-    schedule::launch_doc_start(pr.cu_seqlens, pr.num_docs, pr.batch, pr.seqlen, ws.doc_start,
-                               stream);
   const sm90::DenseForwardParams fp{
       .q = params.q,
       .k = params.k,
@@ -267,7 +268,7 @@ void warmup_forward(const ForwardParams& params, Workspace workspace, cudaStream
       .out = params.out,
       .lse = stats32(params.lse),
       .lse_proxy = stats32(params.lse_proxy),
-      .doc_start = pr.cu_seqlens ? ws.doc_start : nullptr,
+      .doc_start = doc_starts(pr, ws.doc_start, stream),
       .shape = shape,
   };
   dispatch_attention(pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {

@@ -23,15 +23,14 @@
 #include <cstdint>
 
 #include "cuda/backward/sm90/sparse_sm90.h"
+#include "cuda/common/backward_tile_sm90.cuh"
 #include "cuda/common/wgmma_sm90.cuh"
 #include "cuda/schedule/edges.cuh"
 
 namespace flash_msa::cuda::sm90::sparse_backward {
 
+using namespace backward_tile;
 inline constexpr int kThreads = 256;  // two warpgroups
-inline constexpr int kRows = 64;      // rows of a query tile
-inline constexpr int kKeys = 128;     // keys of a block
-inline constexpr int kD = 128;        // head dim (two 64-column panels)
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // Byte offsets of the SW128-panel tiles (wgmma_sm90.cuh): K, V, Q[2], dO[2], P, dS; plus slack
@@ -47,14 +46,6 @@ struct SharedMemory {
   static constexpr int kDs = kP + kRows * kKeys * 2;
   static constexpr int kBytes = kDs + kRows * kKeys * 2 + 1024;
 };
-
-// Stores the values of keys col, col + 1 (col even) of row r of a [kRows, 128] P or dS tile.
-template <class T>
-__device__ __forceinline__ void store_pair(unsigned char* tile, int r, int col, float lo,
-                                           float hi) {
-  *reinterpret_cast<uint32_t*>(tile + sw128_offset<kRows>(r, col / 8) + (col % 8) * 2) =
-      Elem<T>::pack(lo, hi);
-}
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -158,17 +149,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t tile_offset = buf * Smem::kTile;
     const int live_tokens = min(tile_tokens, item_rows - t0);
 
-    // S = Q K_w^T and dP = dO V_w^T: K-steps of 16 columns, 4 per 64-column panel; this
-    // warpgroup's keys are rows 64 wg .. of each K / V panel.
+    // S = Q K_w^T and dP = dO V_w^T.
     float s[32], dp[32];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t panel = tile_offset + (kk / 4) * kRows * 128 + (kk % 4) * 32;
-      const uint32_t kv_panel = (kk / 4) * kKeys * 128 + 64 * wg * 128 + (kk % 4) * 32;
-      wgmma_m64n64k16_ss<T, 0, 0>(s, desc_add(q_desc, panel), desc_add(k_desc, kv_panel), kk > 0);
-      wgmma_m64n64k16_ss<T, 0, 0>(dp, desc_add(do_desc, panel), desc_add(v_desc, kv_panel), kk > 0);
-    }
+    issue_scores<T>(s, dp, q_desc, do_desc, k_desc, v_desc, tile_offset, wg);
     wgmma_commit();
 
     // Rows 16 warp + 8 h + lane / 4, while the products run: their columns 64 wg + 8 c +
@@ -213,23 +197,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_async_shared();
     __syncthreads();  // both halves of P and dS are in place
 
-    // dV_w += P_w^T dO and dK_w += dS_w^T Q over the tile's rows (16 per step; P, dS read
-    // MN-major from panel wg; dO, Q MN-major, both 64-column panels at once); dQ = dS K[:, 64 wg
-    // ..] over the block's keys (dS K-major, K MN-major from panel wg).
+    // dV_w += P_w^T dO, dK_w += dS_w^T Q; dQ = dS K[:, 64 wg ..].
     float dq[32];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      const uint32_t rows16 = kk * 16 * 128;
-      wgmma_m64n128k16_ss<T, 1, 1>(dv, desc_add(p_desc, wg * kRows * 128 + rows16),
-                                   desc_add(do_mn_desc, tile_offset + rows16), true);
-      wgmma_m64n128k16_ss<T, 1, 1>(dk, desc_add(ds_desc, wg * kRows * 128 + rows16),
-                                   desc_add(q_mn_desc, tile_offset + rows16), true);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_m64n64k16_ss<T, 0, 1>(dq, desc_add(ds_desc, (kk / 4) * kRows * 128 + (kk % 4) * 32),
-                                  desc_add(k_desc, wg * kKeys * 128 + kk * 16 * 128), kk > 0);
+    issue_gradients<T>(dv, dk, dq, p_desc, ds_desc, do_mn_desc, q_mn_desc, k_desc, tile_offset, wg);
     wgmma_commit();
 
     // The teacher: the mean over the G heads of P, per token and key, from shared memory; a

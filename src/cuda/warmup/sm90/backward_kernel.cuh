@@ -35,16 +35,15 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/common/backward_tile_sm90.cuh"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/wgmma_sm90.cuh"
 #include "cuda/warmup/sm90/warmup_sm90.h"
 
 namespace flash_msa::cuda::sm90::dense_backward {
 
+using namespace backward_tile;        // kRows (query rows of a tile: a chunk), kKeys, kD = D = Dp
 inline constexpr int kThreads = 256;  // two warpgroups
-inline constexpr int kRows = 64;      // query rows of a tile (a chunk)
-inline constexpr int kKeys = 128;     // keys of a block
-inline constexpr int kD = 128;        // D = Dp (two 64-column panels)
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // Byte offsets of the SW128-panel tiles (wgmma_sm90.cuh): K, V, Kp, Q[2] (Qp on proxy tiles),
@@ -62,14 +61,6 @@ struct SharedMemory {
   static constexpr int kTeacher = kDs + kRows * kKeys * 2;
   static constexpr int kBytes = kTeacher + kRows * kKeys * 4 + 1024;
 };
-
-// Stores the values of keys col, col + 1 (col even) of row r of a [kRows, 128] P or dS tile.
-template <class T>
-__device__ __forceinline__ void store_pair(unsigned char* tile, int r, int col, float lo,
-                                           float hi) {
-  *reinterpret_cast<uint32_t*>(tile + sw128_offset<kRows>(r, col / 8) + (col % 8) * 2) =
-      Elem<T>::pack(lo, hi);
-}
 
 __device__ __forceinline__ int load_acquire(const int32_t* at) {
   int32_t value;
@@ -290,18 +281,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
     };
 
     if (!proxy) {
-      // S = Q K_w^T and dP = dO V_w^T: K-steps of 16 columns, 4 per 64-column panel; this
-      // warpgroup's keys are rows 64 wg .. of each K / V panel.
+      // S = Q K_w^T and dP = dO V_w^T.
       float s[32], dp[32];
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t panel = tile_offset + (kk / 4) * kRows * 128 + (kk % 4) * 32;
-        const uint32_t kv_panel = (kk / 4) * kKeys * 128 + 64 * wg * 128 + (kk % 4) * 32;
-        wgmma_m64n64k16_ss<T, 0, 0>(s, desc_add(q_desc, panel), desc_add(k_desc, kv_panel), kk > 0);
-        wgmma_m64n64k16_ss<T, 0, 0>(dp, desc_add(do_desc, panel), desc_add(v_desc, kv_panel),
-                                    kk > 0);
-      }
+      issue_scores<T>(s, dp, q_desc, do_desc, k_desc, v_desc, tile_offset, wg);
       wgmma_commit();
       release_and_peek();
       wgmma_wait<0>();
@@ -333,22 +316,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
       __syncthreads();        // both halves of P and dS are in place; this CTA's turn to add
       dq_rows.load(dq_prev);  // in flight during the products
 
-      // dV_w += P_w^T dO and dK_w += dS_w^T Q over the tile's rows (16 per step; P, dS read
-      // MN-major from panel wg; dO, Q MN-major, both 64-column panels at once); dQ = dS K[:, 64
-      // wg ..] over the block's keys (dS K-major, K MN-major from panel wg).
+      // dV_w += P_w^T dO, dK_w += dS_w^T Q; dQ = dS K[:, 64 wg ..].
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kRows / 16; ++kk) {
-        const uint32_t rows16 = kk * 16 * 128;
-        wgmma_m64n128k16_ss<T, 1, 1>(dv, desc_add(p_desc, wg * kRows * 128 + rows16),
-                                     desc_add(do_mn_desc, tile_offset + rows16), true);
-        wgmma_m64n128k16_ss<T, 1, 1>(dk, desc_add(ds_desc, wg * kRows * 128 + rows16),
-                                     desc_add(q_mn_desc, tile_offset + rows16), true);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_m64n64k16_ss<T, 0, 1>(dq, desc_add(ds_desc, (kk / 4) * kRows * 128 + (kk % 4) * 32),
-                                    desc_add(k_desc, wg * kKeys * 128 + kk * 16 * 128), kk > 0);
+      issue_gradients<T>(dv, dk, dq, p_desc, ds_desc, do_mn_desc, q_mn_desc, k_desc, tile_offset,
+                         wg);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dk);
