@@ -21,8 +21,9 @@
 //
 // Determinism: dQ and dQp of a chunk collect one term per key block; the terms are added in
 // the order of the blocks. A counter per (chunk, head or proxy) counts the blocks done: the
-// CTA of block n adds once the counter reaches n - (the first block the chunk sees), and
-// counts itself after its adds (a CTA barrier, then one thread's fence and atomic increment).
+// CTA of block n adds (plain loads and stores, AccRows) once the counter reaches n - (the
+// first block the chunk sees), and counts itself after its adds (a CTA barrier, then one
+// thread's fence and atomic increment while the next tile's first products run).
 // CTAs take their (n, b, p) from an atomic ticket in block order, so a CTA only ever waits for
 // CTAs that already run; and because every CTA walks the chunks last first, the CTA of block n
 // trails the one of block n - 1 by one tile at most, instead of waiting for it to reach the
