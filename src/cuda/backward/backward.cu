@@ -210,6 +210,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
         .out_heads = static_cast<int>(heads),
         .width = width,
         .tokens = shape.seqlen,
+        .permuted = false,
         .shape = shape,
     };
   };

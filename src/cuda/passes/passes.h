@@ -95,6 +95,8 @@ struct KeysStoreParams {
   float scale;
   int out_heads, width;
   int tokens;  // rows per head: S for key rows, Sq for query rows
+  bool permuted;  // acc rows permuted as the dense Hopper backward's: column c of row j at
+                  // c ^ 8 (j % 8)
   KernelShape shape;
 };
 

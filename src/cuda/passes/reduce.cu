@@ -157,7 +157,9 @@ __global__ void __launch_bounds__(kThreads) keys_store_kernel(const KeysStorePar
   const int64_t bh = row / p.tokens;
   const int b = static_cast<int>(bh / p.out_heads), h = static_cast<int>(bh % p.out_heads);
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (p.acc) v = *reinterpret_cast<const float4*>(p.acc + row * p.width + col);
+  if (p.acc)
+    v = *reinterpret_cast<const float4*>(p.acc + row * p.width +
+                                         (p.permuted ? col ^ 8 * (j % 8) : col));
   T* dst = static_cast<T*>(p.dst.data) + b * p.dst.stride_b + h * p.dst.stride_h +
            j * p.dst.stride_s + col;
   *reinterpret_cast<uint32_t*>(dst) = Elem<T>::pack(p.scale * v.x, p.scale * v.y);

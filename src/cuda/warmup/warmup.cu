@@ -89,7 +89,7 @@ auto dense_backward_layout(const Problem& pr, DenseBuffers* out = nullptr) {
   return [&pr, out](Carver& c) {
     const int64_t rows = pr.batch * pr.proxy_heads * pr.seqlen;
     const int64_t blocks = (pr.seqlen + kBlockSize - 1) / kBlockSize;
-    const int64_t chunks = (pr.queries() + 63) / 64;
+    const int64_t chunks = (pr.queries() + sm90::kDenseChunkRows - 1) / sm90::kDenseChunkRows;
     DenseBuffers b{};
     b.delta = c.take<float>(pr.batch * pr.heads * pr.queries());
     b.doc_start = c.take<int32_t>(pr.cu_seqlens ? pr.batch * pr.seqlen : 0);
@@ -189,6 +189,7 @@ void hopper_backward_launch(const BackwardParams& params, Workspace workspace,
         .out_heads = static_cast<int>(heads),
         .width = static_cast<int>(width),
         .tokens = shape.queries,
+        .permuted = true,
         .shape = shape,
     };
   };

@@ -13,22 +13,28 @@
 //            the dtype; P also added in fp32 to the chunk's teacher sum (shared memory, each
 //            thread its own entries)
 //            dV_w += P_w^T dO, dK_w += dS_w^T Q  (m64n128k16, P^T, dS^T read MN-major)
-//            dQ[:, 64 w ..] += dS K[:, 64 w ..]   (fp32, into a zeroed accumulator)
+//            dQ[:, 64 w ..] = dS K[:, 64 w ..]    (fp32, added into a zeroed accumulator)
 //   proxy:   Sp = Qp Kp_w^T, pp = exp2(Sp ps log2e - lse_p log2e), t = teacher sum / G,
 //            g = w (pp - t) / (B Hp S), the KL terms t (log t - log pp); g to shared memory;
 //            dKp_w = g_w^T Qp (added into this CTA's fp32 rows), dQp[:, 64 w ..] += g Kp
 // so the teacher never leaves the CTA and nothing quadratic is stored.
 //
+// dQ and dQp leave the registers through shared memory: the tile's 64 x 128 fp32 terms are
+// staged in the P and dS space once the products have read it, and one thread adds them into
+// the accumulator with one bulk reduction (cp.reduce.async.bulk, performed by the L2), so the
+// warpgroups neither load the accumulator nor wait for the add. The accumulators' rows are
+// permuted as the staged rows (column j of row i at j ^ 8 (i % 8): conflict-free staging).
+//
 // Determinism: dQ and dQp of a chunk collect one term per key block; the terms are added in
 // the order of the blocks. A counter per (chunk, head or proxy) counts the blocks done: the
-// CTA of block n adds (plain loads and stores, AccRows) once the counter reaches n - (the
-// first block the chunk sees), and counts itself after its adds (a CTA barrier, then one
-// thread's fence and atomic increment while the next tile's first products run).
-// CTAs take their (n, b, p) from an atomic ticket in block order, so a CTA only ever waits for
-// CTAs that already run; and because every CTA walks the chunks last first, the CTA of block n
-// trails the one of block n - 1 by one tile at most, instead of waiting for it to reach the
-// chunk. dK, dV, dKp and the KL terms are per CTA, written once (dKp rows added per chunk by
-// the thread that owns them) and reduced in a fixed order afterwards.
+// CTA of block n issues its add once the counter reaches n - (the first block the chunk sees),
+// and counts itself when the add is complete: thread 0 waits for that two tiles later, during
+// the first products, then fences and increments. CTAs take their (n, b, p) from an atomic
+// ticket in block order, so a CTA only ever waits for CTAs that already run; and because every
+// CTA walks the chunks last first, the CTA of block n trails the one of block n - 1 by about
+// two tiles, instead of waiting for it to reach the chunk. dK, dV, dKp and the KL terms are
+// per CTA, written once (dKp rows added per chunk by the thread that owns them) and reduced in
+// a fixed order afterwards.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,8 +53,11 @@ using namespace backward_tile;        // kRows (query rows of a tile: a chunk), 
 inline constexpr int kThreads = 256;  // two warpgroups
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+static_assert(kRows == kDenseChunkRows);
+
 // Byte offsets of the SW128-panel tiles (wgmma_sm90.cuh): K, V, Kp, Q[2] (Qp on proxy tiles),
-// dO[2], P, dS (g on proxy tiles); the fp32 teacher sums; slack to align the start to 1024 bytes.
+// dO[2], P (g on proxy tiles), dS (P and dS together also stage a tile's fp32 dQ or dQp
+// terms); the fp32 teacher sums; slack to align the start to 1024 bytes.
 struct SharedMemory {
   static constexpr int kKv = kKeys * kD * 2;
   static constexpr int kTile = kRows * kD * 2;
@@ -60,6 +69,7 @@ struct SharedMemory {
   static constexpr int kP = kDout + 2 * kTile;
   static constexpr int kDs = kP + kRows * kKeys * 2;
   static constexpr int kTeacher = kDs + kRows * kKeys * 2;
+  static_assert(kTeacher - kP == kRows * kD * 4);  // the staged dQ
   static constexpr int kBytes = kTeacher + kRows * kKeys * 4 + 1024;
 };
 
@@ -69,38 +79,47 @@ __device__ __forceinline__ int load_acquire(const int32_t* at) {
   return value;
 }
 
-// This thread's entries of a [64, 128] fp32 accumulator tile at acc (row-major): rows
-// row_in_tile + 8 h (below rows_left), columns col0 + 8 t + 2 (lane % 4) + e, as an m64n64
-// accumulator holds them (d[4 t + 2 h + e]). The tile's terms are added in a fixed order, one CTA
-// at a time, so plain loads and stores do (atomic adds cost the L2 twice the time here); the
-// loads bypass L1, which may hold lines an earlier CTA of this SM read.
-struct AccRows {
-  float* base;
-  int row_in_tile, rows_left, col0, lane;
+// Bulk reduction: `bytes` (a multiple of 16) of fp32 at shared address src added element-wise
+// into global memory at dst, by the L2, in a bulk group of this thread (bulk_commit). bulk_wait:
+// at most kPending of this thread's latest groups incomplete (their adds performed);
+// bulk_wait_read: at most kPending of them still reading their source.
+__device__ __forceinline__ void bulk_add_f32(float* dst, uint32_t src, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               :
+               : "l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Orders this thread's global-memory accesses of the generic proxy with those of the bulk
+// (async) proxy.
+__device__ __forceinline__ void fence_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 
-  __device__ __forceinline__ float2* at(int h, int t) const {
-    return reinterpret_cast<float2*>(base + int64_t(row_in_tile + 8 * h) * kD + col0 +
-                                     2 * (lane % 4) + 8 * t);
-  }
-  __device__ __forceinline__ void load(float2 (&prev)[16]) const {
+// Writes this warpgroup's m64n64 dQ terms d (d[4 t + 2 h + e]: row 16 warp + 8 h + lane / 4,
+// column 64 wg + 8 t + 2 (lane % 4) + e) into the [64, 128] fp32 tile at `tile`, column j of
+// row i at j ^ 8 (i % 8): the eight rows of a store fall on distinct banks per half warp.
+__device__ __forceinline__ void stage_terms(float* tile, const float (&d)[32], int wg, int warp,
+                                            int lane) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int t = 0; t < 8; ++t)
-        prev[8 * h + t] =
-            row_in_tile + 8 * h < rows_left ? __ldcg(at(h, t)) : make_float2(0.f, 0.f);
-  }
-  __device__ __forceinline__ void store(const float2 (&prev)[16], const float (&d)[32]) const {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (row_in_tile + 8 * h >= rows_left) continue;
-#pragma unroll
-      for (int t = 0; t < 8; ++t)
-        __stcg(at(h, t), make_float2(prev[8 * h + t].x + d[4 * t + 2 * h],
-                                     prev[8 * h + t].y + d[4 * t + 2 * h + 1]));
+    for (int t = 0; t < 8; ++t) {
+      const int r = 16 * warp + 8 * h + lane / 4;
+      *reinterpret_cast<float2*>(tile + r * kD + 64 * wg + 8 * (t ^ (lane / 4)) + 2 * (lane % 4)) =
+          make_float2(d[4 * t + 2 * h], d[4 * t + 2 * h + 1]);
     }
-  }
-};
+}
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwardParams p) {
@@ -224,6 +243,14 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
   const float w = p.kl_grad ? __ldg(p.kl_grad) * sh.inv_rows : 0.f;
   const float inv_group = 1.f / sh.group;
 
+  float* const staging = reinterpret_cast<float*>(s_p);  // a tile's dQ (dQp) terms, [64, 128]
+  // Counts tile j's add (thread 0, once the add is complete).
+  auto release = [&](int j) {
+    fence_async_global();
+    __threadfence();
+    atomicAdd(counter(tile_chunk(j), j % slots), 1);
+  };
+
   int lo[2], hi[2];  // this lane's rows' visible columns in the current chunk
   int buf = 0;
   for (int i = 0; i < tiles; ++i, buf ^= 1) {
@@ -231,14 +258,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
     const bool proxy = slot == sh.group;  // CTA-uniform
     cp_async_wait<0>();
     fence_async_shared();
-    __syncthreads();  // this tile landed; the last tile's products and adds are done
+    __syncthreads();  // this tile landed; the last tile's products and staged terms are done
     if (i + 1 < tiles) load_tile(i + 1, buf ^ 1);
     const uint32_t tile_offset = buf * Smem::kTile;
-    const AccRows dq_rows{
-        proxy ? p.dqp_acc + ((int64_t(b) * sh.proxy_heads + ph) * sh.queries + c * kRows) * kD
-              : p.dq_acc + ((int64_t(b) * sh.heads + head0 + slot) * sh.queries + c * kRows) * kD,
-        16 * warp + lane / 4, sh.queries - c * kRows, 64 * wg, lane};
-    float2 dq_prev[16];  // the dQ (dQp) terms of the blocks before this one
 
     if (slot == 0) {
       // Rows 16 warp + 8 h + lane / 4 of the chunk: their columns 64 wg + 8 c + 2 (lane % 4) + e
@@ -256,8 +278,6 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
         }
       }
     }
-    // The first block chunk c sees: the CTAs of the blocks before this one add first.
-    const int turn = n - doc_of(sh.query_offset + c * kRows) / kKeys;
     float stat[2], delta[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -265,20 +285,35 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
       delta[h] = row_stats[buf][1][16 * warp + 8 * h + lane / 4];
     }
     float dq[32];
-    // Thread 0, while the first products run: counts the last tile's adds (every thread's adds
-    // are behind the barrier above), and reads this tile's counter early.
-    int seen = 0;
-    auto release_and_peek = [&] {
-      if (threadIdx.x != 0) return;
-      if (i > 0) {
-        __threadfence();
-        atomicAdd(counter(tile_chunk(i - 1), (i - 1) % slots), 1);
+    // Thread 0, while the first products run: counts tile i - 2's add (complete by now) and
+    // waits until tile i - 1's add has read the staged terms (P and dS are written next).
+    auto settle = [&] {
+      if (threadIdx.x != 0 || i == 0) return;
+      if (i >= 2) {
+        bulk_wait<1>();
+        release(i - 2);
       }
-      seen = load_acquire(counter(c, slot));
+      bulk_wait_read<0>();
     };
-    auto wait_turn = [&] {
-      if (threadIdx.x == 0)
-        while (seen < turn) seen = load_acquire(counter(c, slot));
+    // Thread 0, while the last products run: reads this tile's counter early.
+    int seen = 0;
+    auto peek = [&] {
+      if (threadIdx.x == 0) seen = load_acquire(counter(c, slot));
+    };
+    // The tile's staged dQ (dQp) terms, added by thread 0 when the CTAs of the blocks before
+    // this one (from the first block chunk c sees) have counted theirs.
+    auto add_dq = [&] {
+      fence_async_shared();
+      __syncthreads();
+      if (threadIdx.x != 0) return;
+      const int turn = n - doc_of(sh.query_offset + c * kRows) / kKeys;
+      while (seen < turn) seen = load_acquire(counter(c, slot));
+      fence_async_global();
+      float* const acc =
+          proxy ? p.dqp_acc + ((int64_t(b) * sh.proxy_heads + ph) * sh.queries + c * kRows) * kD
+                : p.dq_acc + ((int64_t(b) * sh.heads + head0 + slot) * sh.queries + c * kRows) * kD;
+      bulk_add_f32(acc, smem_addr(staging), min(kRows, sh.queries - c * kRows) * kD * 4);
+      bulk_commit();
     };
 
     if (!proxy) {
@@ -287,10 +322,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
       wgmma_fence();
       issue_scores<T>(s, dp, q_desc, do_desc, k_desc, v_desc, tile_offset, wg);
       wgmma_commit();
-      release_and_peek();
+      settle();
       wgmma_wait<0>();
       fence_operands(s);
       fence_operands(dp);
+      if (i > 0) __syncthreads();  // the staged terms are read
 
       // P = exp2(S scale log2e - lse log2e), masked to 0 where not visible (most tiles see all
       // 64 keys: no masking then); the teacher sum of the chunk.
@@ -312,23 +348,23 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
           store_pair<T>(s_p, r, col, pr[0], pr[1]);
           store_pair<T>(s_ds, r, col, ds[0], ds[1]);
         }
-      wait_turn();
       fence_async_shared();
-      __syncthreads();        // both halves of P and dS are in place; this CTA's turn to add
-      dq_rows.load(dq_prev);  // in flight during the products
+      __syncthreads();  // both halves of P and dS are in place
 
       // dV_w += P_w^T dO, dK_w += dS_w^T Q; dQ = dS K[:, 64 wg ..].
       wgmma_fence();
       issue_gradients<T>(dv, dk, dq, p_desc, ds_desc, do_mn_desc, q_mn_desc, k_desc, tile_offset,
                          wg);
       wgmma_commit();
+      peek();
       wgmma_wait<0>();
       fence_operands(dk);
       fence_operands(dv);
       fence_operands(dq);
-      dq_rows.store(dq_prev, dq);
+      __syncthreads();  // both warpgroups' products are done with P and dS
+      stage_terms(staging, dq, wg, warp, lane);
     } else {
-      // The proxy tile: Sp = Qp Kp_w^T, the student, the teacher and g.
+      // The proxy tile: Sp = Qp Kp_w^T, the student, the teacher and g (in P's place).
       float sp[32];
       wgmma_fence();
 #pragma unroll
@@ -339,9 +375,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
                                     kk > 0);
       }
       wgmma_commit();
-      release_and_peek();
+      settle();
       wgmma_wait<0>();
       fence_operands(sp);
+      if (i > 0) __syncthreads();  // the staged terms are read
       mask_columns(sp, lo, hi);
 #pragma unroll
       for (int cc = 0; cc < 8; ++cc)
@@ -358,14 +395,13 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
             if (t > 0.f) kl += t * (__logf(t) - fmaf(sp[j], sh.proxy_scale, -stat[h]));
           }
           const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * cc + 2 * (lane % 4);
-          store_pair<T>(s_ds, r, col, g[0], g[1]);
+          store_pair<T>(s_p, r, col, g[0], g[1]);
         }
-      wait_turn();
       fence_async_shared();
-      __syncthreads();  // g is in place; this CTA's turn to add
+      __syncthreads();  // g is in place
 
-      // dQp = g Kp[:, 64 wg ..] with the first 64 columns of dKp_w = g_w^T Qp, then the other
-      // 64 (halves keep dK, dV and these products within the registers); dKp is added into the
+      // The first 64 columns of dKp_w = g_w^T Qp, then the other 64 with dQp = g Kp[:, 64 wg ..]
+      // (halves keep dK, dV and these products within the registers); dKp is added into the
       // CTA's rows.
       float dkp[32];
       auto add_dkp = [&](int half) {
@@ -390,35 +426,38 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
         for (int kk = 0; kk < kRows / 16; ++kk) {
           const uint32_t rows16 = kk * 16 * 128;
           wgmma_m64n64k16_ss<T, 1, 1>(
-              dkp, desc_add(ds_desc, wg * kRows * 128 + rows16),
+              dkp, desc_add(p_desc, wg * kRows * 128 + rows16),
               desc_add(q_mn_desc, tile_offset + half * kRows * 128 + rows16), kk > 0);
         }
       };
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_m64n64k16_ss<T, 0, 1>(dq, desc_add(ds_desc, (kk / 4) * kRows * 128 + (kk % 4) * 32),
-                                    desc_add(kp_desc, wg * kKeys * 128 + kk * 16 * 128), kk > 0);
       issue_dkp(0);
       wgmma_commit();
+      peek();
       wgmma_wait<0>();
       fence_operands(dkp);
-      fence_operands(dq);
       add_dkp(0);
-      dq_rows.load(dq_prev);
-      dq_rows.store(dq_prev, dq);
       wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma_m64n64k16_ss<T, 0, 1>(dq, desc_add(p_desc, (kk / 4) * kRows * 128 + (kk % 4) * 32),
+                                    desc_add(kp_desc, wg * kKeys * 128 + kk * 16 * 128), kk > 0);
       issue_dkp(1);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dkp);
+      fence_operands(dq);
       add_dkp(1);
+      __syncthreads();  // both warpgroups' products are done with g
+      stage_terms(staging, dq, wg, warp, lane);
     }
+    add_dq();
   }
-  __syncthreads();  // the last tile's adds are done
-  if (tiles > 0 && threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter(tile_chunk(tiles - 1), (tiles - 1) % slots), 1);
+  // The last two tiles' adds, once complete.
+  if (threadIdx.x == 0 && tiles > 0) {
+    bulk_wait<0>();
+    if (tiles > 1) release(tiles - 2);
+    release(tiles - 1);
   }
 
   // This CTA's dK (scaled), dV rows, and the sum of its KL terms in a fixed order.

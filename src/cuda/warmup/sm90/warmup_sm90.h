@@ -15,6 +15,9 @@
 
 namespace flash_msa::cuda::sm90 {
 
+// Query rows of a chunk of the dense backward (its tiles, counters and accumulator tiles).
+inline constexpr int kDenseChunkRows = 64;
+
 struct DenseForwardParams {
   ConstView q;               // [B, H, Sq, D] strided, 16-byte aligned rows (likewise every view)
   ConstView k;               // [B, Hk, S, D]
@@ -40,15 +43,17 @@ struct DenseBackwardParams {
   const float* delta;        // [B, H, Sq] <out, dout>
   const float* kl_grad;      // [1] upstream gradient w of kl; null: w = 0
   const int32_t* doc_start;  // [B * S]; null: one document per row
-  float* dq_acc;             // [B, H, Sq, D] zeroed: sum over key blocks of dS K (unscaled)
-  float* dqp_acc;            // [B, Hp, Sq, Dp] zeroed: sum over key blocks of g Kp (unscaled)
+  float* dq_acc;             // [B, H, Sq, D] zeroed: sum over key blocks of dS K (unscaled);
+                             // row i's columns permuted, column j at j ^ 8 (i % 8)
+  float* dqp_acc;            // [B, Hp, Sq, Dp] zeroed: sum over key blocks of g Kp (unscaled),
+                             // permuted as dq_acc
   float* dk_part;            // [B, Hp, S, D]: dS^T Q (unscaled) of the heads of one proxy group
   float* dv_part;            // [B, Hp, S, D]: P^T dO of the heads of one proxy group
   float* dkp_part;           // [B, Hp, S, Dp] zeroed: g^T Qp (unscaled) of one proxy head
   float* kl_part;            // [B * Hp * NB]: KL terms of each key block's CTA
-  int32_t* order;            // [B * Hp * ceil(Sq / 64) * (G + 1) + 1] zeroed: per query chunk
-                             // and slot (G heads, proxy) the key blocks done with it; last:
-                             // the CTAs' ticket counter
+  int32_t* order;            // [B * Hp * ceil(Sq / kDenseChunkRows) * (G + 1) + 1] zeroed: per
+                             // query chunk and slot (G heads, proxy) the key blocks done with
+                             // it; last: the CTAs' ticket counter
   KernelShape shape;
 };
 
