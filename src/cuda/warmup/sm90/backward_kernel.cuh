@@ -100,6 +100,10 @@ template <int kPending>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 }
+// Asks the L2 to fetch `bytes` (a multiple of 16) of global memory at src, without waiting.
+__device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 // Orders this thread's global-memory accesses of the generic proxy with those of the bulk
 // (async) proxy.
 __device__ __forceinline__ void fence_async_global() {
@@ -192,7 +196,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
   };
 
   // Q (Qp), dO, lse (lse_p) and Delta of tile i, into buffer buf; rows past the queries zero.
+  // Warpgroup 1 copies (thread 0 issues the bulk adds, and a thread's waits for its copies
+  // would also wait for its bulk adds: they share one counter).
   auto load_tile = [&](int i, int buf) {
+    if (wg != 1) return;
+    const int t = threadIdx.x - 128;
     const int c = tile_chunk(i), slot = i % slots;
     const bool proxy = slot == sh.group;
     const int h = head0 + slot;
@@ -202,18 +210,18 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
     };
     const ConstView qv = proxy ? p.qp : p.q;
     const T* q = static_cast<const T*>(qv.data) + b * qv.stride_b + (proxy ? ph : h) * qv.stride_h;
-    copy_rows_sw128<kRows, kD, kThreads>(
+    copy_rows_sw128<kRows, kD, 128>(
         smem + Smem::kQ + buf * Smem::kTile,
-        [&](int r, bool& valid) { return q + row(r, valid) * qv.stride_s; }, threadIdx.x);
+        [&](int r, bool& valid) { return q + row(r, valid) * qv.stride_s; }, t);
     if (!proxy) {
       const T* dout =
           static_cast<const T*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h;
-      copy_rows_sw128<kRows, kD, kThreads>(
+      copy_rows_sw128<kRows, kD, 128>(
           smem + Smem::kDout + buf * Smem::kTile,
-          [&](int r, bool& valid) { return dout + row(r, valid) * p.dout.stride_s; }, threadIdx.x);
+          [&](int r, bool& valid) { return dout + row(r, valid) * p.dout.stride_s; }, t);
     }
-    if (threadIdx.x < 2 * kRows) {
-      const int r = threadIdx.x % kRows, which = threadIdx.x / kRows;
+    {
+      const int r = t % kRows, which = t / kRows;
       bool valid;
       const int qi = row(r, valid);
       const int64_t at =
@@ -244,6 +252,17 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
   const float inv_group = 1.f / sh.group;
 
   float* const staging = reinterpret_cast<float*>(s_p);  // a tile's dQ (dQp) terms, [64, 128]
+  // Tile j's accumulator tile and its bytes.
+  auto acc_of = [&](int j) {
+    const int c = tile_chunk(j), slot = j % slots;
+    return slot == sh.group
+               ? p.dqp_acc + ((int64_t(b) * sh.proxy_heads + ph) * sh.queries + c * kRows) * kD
+               : p.dq_acc + ((int64_t(b) * sh.heads + head0 + slot) * sh.queries + c * kRows) * kD;
+  };
+  auto acc_bytes = [&](int j) { return min(kRows, sh.queries - tile_chunk(j) * kRows) * kD * 4; };
+  // The accumulator tiles come from the L2 to the bulk adds: thread 0 has the next tile's
+  // fetched from memory while this one runs.
+  if (threadIdx.x == 0 && tiles > 0) prefetch_l2(acc_of(0), acc_bytes(0));
   // Counts tile j's add (thread 0, once the add is complete).
   auto release = [&](int j) {
     fence_async_global();
@@ -256,10 +275,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
   for (int i = 0; i < tiles; ++i, buf ^= 1) {
     const int c = tile_chunk(i), slot = i % slots;
     const bool proxy = slot == sh.group;  // CTA-uniform
-    cp_async_wait<0>();
+    if (wg == 1 || i == 0) cp_async_wait<0>();  // (at i = 0 also K, V, Kp)
     fence_async_shared();
     __syncthreads();  // this tile landed; the last tile's products and staged terms are done
     if (i + 1 < tiles) load_tile(i + 1, buf ^ 1);
+    if (threadIdx.x == 0 && i + 1 < tiles) prefetch_l2(acc_of(i + 1), acc_bytes(i + 1));
     const uint32_t tile_offset = buf * Smem::kTile;
 
     if (slot == 0) {
@@ -309,10 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
       const int turn = n - doc_of(sh.query_offset + c * kRows) / kKeys;
       while (seen < turn) seen = load_acquire(counter(c, slot));
       fence_async_global();
-      float* const acc =
-          proxy ? p.dqp_acc + ((int64_t(b) * sh.proxy_heads + ph) * sh.queries + c * kRows) * kD
-                : p.dq_acc + ((int64_t(b) * sh.heads + head0 + slot) * sh.queries + c * kRows) * kD;
-      bulk_add_f32(acc, smem_addr(staging), min(kRows, sh.queries - c * kRows) * kD * 4);
+      bulk_add_f32(acc_of(i), smem_addr(staging), acc_bytes(i));
       bulk_commit();
     };
 
