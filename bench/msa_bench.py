@@ -233,14 +233,15 @@ def dense_flop(batch, seqlen):
 def random_block_mask_indices(batch, seqlen, gen):
     """Per 128-query block: its own block and 15 random earlier ones. FlexAttention's layout:
     counts [B, 1, nq] and indices [B, 1, nq, nkv] holding the selected blocks first (ascending),
-    then the other blocks (ignored past the count)."""
+    then the other blocks (ignored past the count). On the generator's device."""
     nb = (seqlen + BS - 1) // BS
-    scores = torch.rand(batch, 1, nb, nb, device="cuda", generator=gen)
-    scores = scores.masked_fill(torch.ones(nb, nb, device="cuda", dtype=torch.bool).triu(1), -1.0)
+    device = gen.device
+    scores = torch.rand(batch, 1, nb, nb, device=device, generator=gen)
+    scores = scores.masked_fill(torch.ones(nb, nb, device=device, dtype=torch.bool).triu(1), -1.0)
     scores.diagonal(dim1=-2, dim2=-1).fill_(2.0)
     top = scores.topk(min(K, nb), dim=-1)
     chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top.indices, top.values >= 0)
-    col = torch.arange(nb, device="cuda").expand_as(scores)
+    col = torch.arange(nb, device=device).expand_as(scores)
     idx = torch.where(chosen, col, col + nb).sort(dim=-1).values % nb
     return chosen.sum(-1).to(torch.int32), idx.to(torch.int32)
 
@@ -250,7 +251,7 @@ def per_token_indices(count, idx, seqlen):
     128-query block selects the block's blocks (ascending, -1 padded)."""
     batch, _, nb, _ = idx.shape
     first = F.pad(idx[:, 0, :, :K], (0, max(0, K - nb)), value=-1)  # [B, nb, K]
-    slots = torch.arange(K, device="cuda")
+    slots = torch.arange(K, device=idx.device)
     blocks = torch.where(slots < count[:, 0, :, None], first, -1)
     tokens = blocks.repeat_interleave(BS, dim=1)[:, :seqlen]
     return tokens[:, None].expand(batch, HP, seqlen, K).contiguous().to(torch.int32)

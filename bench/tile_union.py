@@ -14,7 +14,7 @@ selections, at the paper's proxy heads (Hp = 4) and K = 16:
   - independent: the same generator with no runs of shared selections (every token draws its
     own blocks);
   - proxy: select_blocks on random normal bf16 proxies (the CPU backend; --proxy-seqlen tokens,
-    as the select is quadratic: about a minute at 32K on two cores).
+    as the select is quadratic: under a minute at 32K on two cores).
 
 Rows whose own block is among the first 2 K blocks are left out: they see fewer than 2 K blocks,
 so their tiles' unions are small whatever the selection. Writes a JSON result:
@@ -31,6 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import msa_bench  # noqa: E402
 import trained_selection  # noqa: E402
 
 import flash_msa  # noqa: E402
@@ -64,15 +65,10 @@ def summary(u):
 
 
 def per_block(seqlen, gen):
-    """The own block and K - 1 random earlier blocks per 128-query block, every token of it."""
-    nb = (seqlen + BS - 1) // BS
-    rows = []
-    for n in range(nb):
-        earlier = torch.randperm(n, generator=gen)[:K - 1] if n else torch.zeros(0, dtype=torch.long)
-        blocks = torch.cat((earlier, torch.tensor([n]))).sort().values
-        rows.append(torch.nn.functional.pad(blocks, (0, K - blocks.numel()), value=-1))
-    sel = torch.stack(rows).repeat_interleave(BS, dim=0)[:seqlen]
-    return sel.view(1, 1, seqlen, K).expand(1, HP, seqlen, K).to(torch.int32)
+    """The own block and K - 1 random earlier blocks per 128-query block, every token of it:
+    the same-mask comparison's pattern (bench/msa_bench.py)."""
+    count, idx = msa_bench.random_block_mask_indices(1, seqlen, gen)
+    return msa_bench.per_token_indices(count, idx, seqlen)
 
 
 def proxy(seqlen, gen):
