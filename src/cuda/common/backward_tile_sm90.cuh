@@ -22,6 +22,34 @@ __device__ __forceinline__ void store_pair(unsigned char* tile, int r, int col, 
       Elem<T>::pack(lo, hi);
 }
 
+// P = exp2(S scale_log2 + base) (base: -lse log2e of the row) and dS = P (dP - Delta) of this
+// thread's entries of an m64n64 tile (row 16 warp + 8 h + lane / 4, key 64 wg + 8 c + 2 (lane % 4)
+// + e in [4 c + 2 h + e]; S at -inf where not visible) into the P and dS tiles in the dtype;
+// on_p(j, P) sees each fp32 P, j its entry (the dense kernel's teacher sum).
+template <class T, class OnP>
+__device__ __forceinline__ void store_p_ds(unsigned char* s_p, unsigned char* s_ds,
+                                           const float (&s)[32], const float (&dp)[32],
+                                           float scale_log2, const float (&base)[2],
+                                           const float (&delta)[2], int wg, int warp, int lane,
+                                           OnP&& on_p) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float pr[2], ds[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = 4 * c + 2 * h + e;
+        pr[e] = fast_exp2(fmaf(s[j], scale_log2, base[h]));
+        ds[e] = pr[e] * (dp[j] - delta[h]);
+        on_p(j, pr[e]);
+      }
+      const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * c + 2 * (lane % 4);
+      store_pair<T>(s_p, r, col, pr[0], pr[1]);
+      store_pair<T>(s_ds, r, col, ds[0], ds[1]);
+    }
+}
+
 // Issues S = Q K_wg^T and dP = dO V_wg^T (m64n64k16 from shared memory; K-steps of 16 columns,
 // 4 per 64-column panel; this warpgroup's keys are rows 64 wg .. of each K / V panel), the tile
 // at tile_offset bytes from the Q and dO descriptors. The caller commits and waits.

@@ -180,20 +180,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // P = exp2(S scale log2e - lse log2e), masked to 0 where not visible (most tiles see all
     // 64 keys: no masking then).
     mask_columns(s, lo, hi);
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float pr[2], ds[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          pr[e] = fast_exp2(fmaf(s[4 * c + 2 * h + e], p.shape.scale_log2, -lse2[h]));
-          ds[e] = pr[e] * (dp[4 * c + 2 * h + e] - delta[h]);
-        }
-        const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * c + 2 * (lane % 4);
-        store_pair<T>(s_p, r, col, pr[0], pr[1]);
-        store_pair<T>(s_ds, r, col, ds[0], ds[1]);
-      }
+    const float base[2] = {-lse2[0], -lse2[1]};
+    store_p_ds<T>(s_p, s_ds, s, dp, p.shape.scale_log2, base, delta, wg, warp, lane,
+                  [](int, float) {});
     fence_async_shared();
     __syncthreads();  // both halves of P and dS are in place
 

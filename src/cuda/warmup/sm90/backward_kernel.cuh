@@ -7,7 +7,8 @@
 // 64 w + 63 and their dK, dV in registers, 2 x 64 fp32 per thread). It walks the query chunks
 // of 64 that see the block (from the block on to the end of the documents it overlaps), last
 // chunk first, and in each chunk the G heads and then the proxy head, one 64-row tile each
-// (Q, dO and the rows' lse, Delta double-buffered, the next tile's gather in flight):
+// (Q, dO and the rows' lse, Delta double-buffered, the next tile's gather in flight, issued
+// by warpgroup 1):
 //   head h:  S = Q K_w^T, dP = dO V_w^T      (m64n64k16 from shared memory)
 //            P = exp2(S scale log2e - lse log2e), dS = P (dP - Delta), both to shared memory in
 //            the dtype; P also added in fp32 to the chunk's teacher sum (shared memory, each
@@ -348,23 +349,12 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
       // P = exp2(S scale log2e - lse log2e), masked to 0 where not visible (most tiles see all
       // 64 keys: no masking then); the teacher sum of the chunk.
       mask_columns(s, lo, hi);
-#pragma unroll
-      for (int cc = 0; cc < 8; ++cc)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float pr[2], ds[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = 4 * cc + 2 * h + e;
-            pr[e] = fast_exp2(fmaf(s[j], sh.scale_log2, -stat[h] * kLog2e));
-            ds[e] = pr[e] * (dp[j] - delta[h]);
-            float& t = teacher[j * kThreads + threadIdx.x];
-            t = slot == 0 ? pr[e] : t + pr[e];
-          }
-          const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * cc + 2 * (lane % 4);
-          store_pair<T>(s_p, r, col, pr[0], pr[1]);
-          store_pair<T>(s_ds, r, col, ds[0], ds[1]);
-        }
+      const float base[2] = {-stat[0] * kLog2e, -stat[1] * kLog2e};
+      store_p_ds<T>(s_p, s_ds, s, dp, sh.scale_log2, base, delta, wg, warp, lane,
+                    [&](int j, float pr) {
+                      float& t = teacher[j * kThreads + threadIdx.x];
+                      t = slot == 0 ? pr : t + pr;
+                    });
       fence_async_shared();
       __syncthreads();  // both halves of P and dS are in place
 
