@@ -106,7 +106,8 @@ __device__ __forceinline__ void mask_columns(float (&acc)[kN], const int (&lo)[2
 }
 
 // The named barrier ids of the Hopper kernels (hardware ids 1 to 15; 0 is __syncthreads), one
-// per warpgroup wg of two: id + wg.
+// per warpgroup wg of two: id + wg (the select kernel's four warpgroups take ids 1 to 4 for
+// warpgroup_sync; it has no turns).
 enum NamedBarrier : int {
   kWarpgroupBarrier = 1,  // the 128 threads of warpgroup wg (warpgroup_sync)
   kTurnBarrier = 3,       // the sparse forward's turns: warpgroup wg waits for its turn here

@@ -6,14 +6,16 @@
 // each key block it reads from L2 serves twice the rows of the portable kernel: warpgroup w of
 // four takes the m64 row tile w % 2 of tile t_lo + w / 2, whose rows stay in registers as the A
 // operand of S = Qp Kp^T (m64n128k16, K-major keys from shared memory), loaded once. Key blocks
-// stream through a ring of three shared buffers (SW128 panels, wgmma_sm90.cuh), copied by
-// cp.async two blocks ahead. Per block, a warpgroup issues its product, waits for it, max-pools
-// it and offers the row maxima to the top-K lists; the max-pooling (CUDA cores) of one
-// warpgroup overlaps the products (tensor cores) of the others, four warps per scheduler hiding
-// each other's latencies. Nothing is in flight across blocks: the buffer refilled at block n
-// held block n - 1, which every warpgroup finished before the barrier of block n. The lower
-// tile's warpgroups also score the upper tile's own block, all of whose keys lie in their
-// future: masked, it changes nothing.
+// stream through a ring of three shared buffers (SW128 panels, wgmma_sm90.cuh), each filled by
+// the bulk tensor copy engine (tma_sm90.cuh: one thread, no copy instructions per thread) and
+// completing on the buffer's mbarrier. Per block, a warpgroup waits for the block's barrier,
+// issues its product, waits for it, releases the buffer and then max-pools the scores and
+// offers the row maxima to the top-K lists. The warpgroup that releases a buffer last (a
+// counter per buffer) refills it with the block three ahead. No barrier of the whole CTA keeps
+// the warpgroups in step: each runs up to two blocks ahead of the slowest, so the max-pooling
+// (CUDA cores) of one overlaps the products (tensor cores) of the others, four warps per
+// scheduler hiding each other's latencies. The lower tile's warpgroups also score the upper
+// tile's own block, all of whose keys lie in their future: masked, it changes nothing.
 //
 // With T = __nv_fp8_e4m3 (SelectPrecision::kFloat8E4M3, Dp = 128) the kernel reads the FP8
 // copies of q_proxy and k_proxy (quantize.cuh) and the keys' scales: the rows are moved as
@@ -29,6 +31,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/tma_sm90.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/common/wgmma_sm90.cuh"
 #include "cuda/host/impl.h"
@@ -41,8 +44,16 @@ using portable::kSelectBlockM;
 
 inline constexpr int kTiles = 2;                      // query tiles per CTA
 inline constexpr int kRows = kTiles * kSelectBlockM;  // rows per CTA
-inline constexpr int kThreads = 512;                  // four warpgroups, an m64 row tile each
-inline constexpr int kStages = 3;                     // key-block buffers
+inline constexpr int kWarpgroups = 4;                 // an m64 row tile each
+inline constexpr int kThreads = 128 * kWarpgroups;
+inline constexpr int kStages = 3;  // key-block buffers
+
+// The portable kernel's parameters and the tensor map of their kp view (panel_map: 64 16-bit
+// columns by 128 keys a box).
+struct SelectParams {
+  portable::SelectKernelParams p;
+  CUtensorMap keys;
+};
 
 // The operand type T (bf16, fp16 or FP8 E4M3) and the 16-bit type its rows move as.
 template <class T>
@@ -71,8 +82,10 @@ struct SharedMemory {
 };
 
 template <class T, int kDp>
-__global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::SelectKernelParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    select_kernel(const __grid_constant__ SelectParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const portable::SelectKernelParams& p = params.p;
   constexpr bool kFp8 = Operand<T>::kFp8;
   static_assert(!kFp8 || kDp == 128, "FP8 select: Dp = 128");
   using Storage = typename Operand<T>::Storage;
@@ -80,6 +93,8 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
   using Smem = SharedMemory<kCols, kFp8>;
   using Tile = portable::SelectTile<kCols>;
   extern __shared__ unsigned char smem_raw[];
+  __shared__ uint64_t full[kStages];     // buffer s holds its block (the copy engine's bytes)
+  __shared__ uint32_t released[kStages];  // warpgroups done with the buffer's blocks, in total
   unsigned char* smem = align_1024(smem_raw);
   unsigned char* region = smem + Smem::kRegion;
   Storage* qrows = reinterpret_cast<Storage*>(region);
@@ -96,10 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
   const Storage* qp = reinterpret_cast<const Storage*>(static_cast<const T*>(p.qp.data) +
                                                        b * p.qp.stride_b + upper.h * p.qp.stride_h);
   const int hk = upper.h / p.shape.proxy_group;
-  const Storage* k_gmem = reinterpret_cast<const Storage*>(static_cast<const T*>(p.kp.data) +
-                                                           b * p.kp.stride_b + hk * p.kp.stride_h);
   const int64_t q_stride = p.qp.stride_s * int64_t(sizeof(T)) / 2;
-  const int64_t k_stride = p.kp.stride_s * int64_t(sizeof(T)) / 2;
   // FP8: the keys' scales of this batch row and key head, [NB * 128].
   const float* k_scales =
       kFp8 ? p.key_scales + (int64_t(b) * (p.shape.proxy_heads / p.shape.proxy_group) + hk) *
@@ -108,28 +120,28 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
   const int m0 = (t_hi - 1) * kSelectBlockM;  // position of the CTA's row 0
   const int n_first = portable::doc_start(p, b, max(m0, 0)) / kBlockKeys;
   const int lo_last = portable::doc_start(p, b, upper.m0 + upper.hi - 1);
+  const int blocks = t_hi - n_first + 1;  // the CTA's key blocks n_first + j, j < blocks
 
-  // Key block n (n <= t_hi) into its buffer, keys past the sequence zero-filled (with FP8,
-  // and the block's key scales); one cp.async group per call, empty past the last block, so
-  // that "all but the newest group" is the block needed next.
-  auto load_block = [&](int n) {
-    if (n <= t_hi) {
-      const int key0 = n * kBlockKeys;
-      copy_rows_sw128<kBlockKeys, kCols, kThreads>(
-          smem + (n % kStages) * Smem::kStageBytes,
-          [&](int r, bool& valid) {
-            valid = key0 + r < p.shape.seqlen;
-            return k_gmem + int64_t(min(key0 + r, p.shape.seqlen - 1)) * k_stride;
-          },
-          threadIdx.x);
-      if constexpr (kFp8) {
-        if (threadIdx.x < kBlockKeys / 4)
-          cp_async_16(smem + Smem::kScales + (n % kStages) * kBlockKeys * 4 + threadIdx.x * 16,
-                      k_scales + key0 + threadIdx.x * 4, true);
-      }
-    }
-    cp_async_commit();
+  // Key block n_first + j into buffer j % kStages (one thread), keys past the sequence
+  // zero-filled; with FP8 also the block's key scales.
+  auto load_block = [&](int j) {
+    const int s = j % kStages, n = n_first + j;
+    mbarrier_arrive_expect_tx(&full[s], Smem::kStageBytes + (kFp8 ? kBlockKeys * 4 : 0));
+#pragma unroll
+    for (int panel = 0; panel < kCols / 64; ++panel)
+      tma_load_panel(smem + s * Smem::kStageBytes + panel * kBlockKeys * 128, params.keys,
+                     64 * panel, n * kBlockKeys, hk, b, &full[s]);
+    if constexpr (kFp8)
+      bulk_load(smem + Smem::kScales + s * kBlockKeys * 4, k_scales + n * kBlockKeys,
+                kBlockKeys * 4, &full[s]);
   };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      released[s] = 0;
+    }
+    for (int j = 0; j < kStages && j < blocks; ++j) load_block(j);
+  }
   // The query rows of both tiles (zero where no query), every thread taking part in each copy.
 #pragma unroll
   for (int w = 0; w < kTiles; ++w) {
@@ -138,8 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
     portable::load_tile<Storage, kCols, kThreads>(
         qrows + w * kSelectBlockM * kCols, qp + int64_t(first) * q_stride, q_stride, tw.lo, tw.hi);
   }
-  load_block(n_first);  // one group with the query rows
-  load_block(n_first + 1);
+  cp_async_commit();
 
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   // This thread's accumulator rows: 64 mt + 16 warp + lane / 4 + 8 h (h = 0, 1) of the
@@ -158,8 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
   portable::TopKList<kRows> list{entries + kSelectBlockM * tw + my_row, p.shape.top_k};
   if (!owner || my_row < mine.lo || my_row >= mine.hi) list.thr = INFINITY;
 
-  cp_async_wait<1>();
-  __syncthreads();  // the query rows are in place
+  cp_async_wait<0>();
+  __syncthreads();  // the query rows are in place; the barriers are set up
   // A fragments of this warp's 16 rows, as for mma.m16n8k16 (FP8: the same bytes are those of
   // mma.m16n8k32).
   uint32_t qa[kCols / 16][4];
@@ -167,8 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
   for (int kk = 0; kk < kCols / 16; ++kk)
     ldmatrix_x4(qa[kk], qrows + Tile::offset(kSelectBlockM * tw + 64 * mt + 16 * warp + (lane & 15),
                                              kk * 2 + (lane >> 4)));
-  // The top-K lists overwrite the query rows: the first insertion follows the barrier of the
-  // first block, which every warp reaches after its fragment loads.
+  __syncthreads();  // the top-K lists overwrite the query rows
 
   const uint64_t ring_desc = sw128_desc(smem_addr(smem), 16, 1024);
   // S = Qp Kp^T of the row tile over the block in buffer `keys`, one commit group; k-step kk
@@ -185,24 +195,35 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
     }
     wgmma_commit();
   };
+  // FP8: the scores of the block in buffer s times their keys' scales (column 8 t + 2 (lane %
+  // 4) + e % 2 of entry 4 t + e).
+  auto apply_scales = [&](float(&acc)[64], int s) {
+    const float* scale = reinterpret_cast<const float*>(smem + Smem::kScales) + s * kBlockKeys +
+                         2 * (lane % 4);
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const float2 s2 = *reinterpret_cast<const float2*>(scale + 8 * t);
+      acc[4 * t] *= s2.x;
+      acc[4 * t + 1] *= s2.y;
+      acc[4 * t + 2] *= s2.x;
+      acc[4 * t + 3] *= s2.y;
+    }
+  };
+  // This warpgroup is done with block j's buffer (thread 0 of the warpgroup, once every thread
+  // of it is: the product's reads are complete, and with FP8 the scales are read); the last of
+  // the four refills it with block j + kStages.
+  auto release = [&](int j) {
+    const int s = j % kStages;
+    fence_async_shared();  // this warpgroup's reads come before the copy engine's writes
+    const uint32_t done = shared_add_acq_rel(&released[s], 1) + 1;
+    if (done % kWarpgroups == 0 && j + kStages < blocks) load_block(j + kStages);
+  };
   // Block n's row maxima (masked where a row sees only part of the block: from the own block
   // on, and blocks cut by a document start), scaled (proxy_scale > 0 and rounding is monotone:
   // the maximum of the scaled scores bit for bit), offered to the rows' lists; the own block
   // always enters.
   auto pool = [&](float(&acc)[64], int n) {
     const int key0 = n * kBlockKeys;
-    if constexpr (kFp8) {  // column 8 t + 2 (lane % 4) + e % 2 of entry 4 t + e
-      const float* scale = reinterpret_cast<const float*>(smem + Smem::kScales) +
-                           (n % kStages) * kBlockKeys + 2 * (lane % 4);
-#pragma unroll
-      for (int t = 0; t < 16; ++t) {
-        const float2 s2 = *reinterpret_cast<const float2*>(scale + 8 * t);
-        acc[4 * t] *= s2.x;
-        acc[4 * t + 1] *= s2.y;
-        acc[4 * t + 2] *= s2.x;
-        acc[4 * t + 3] *= s2.y;
-      }
-    }
     if (n >= mine.tile || key0 < lo_last) {
       int lo[2], hi[2];
 #pragma unroll
@@ -230,16 +251,19 @@ __global__ void __launch_bounds__(kThreads, 1) select_kernel(const portable::Sel
     if (m > list.thr) list.insert(m, n);
   };
 
-  for (int n = n_first; n <= t_hi; ++n) {
-    cp_async_wait<1>();
-    fence_async_shared();
-    __syncthreads();  // block n is in place; every warpgroup is done with block n - 1
-    load_block(n + 2);
+  for (int j = 0; j < blocks; ++j) {
+    const int s = j % kStages;
+    mbarrier_wait(&full[s], (j / kStages) % 2);  // block n_first + j is in buffer s
     float acc[64];
-    issue(acc, qa, desc_add(ring_desc, (n % kStages) * Smem::kStageBytes));
+    issue(acc, qa, desc_add(ring_desc, s * Smem::kStageBytes));
     wgmma_wait<0>();
     fence_operands(acc);
-    pool(acc, n);
+    if constexpr (kFp8) {
+      apply_scales(acc, s);
+      warpgroup_sync(wg);
+    }
+    if (threadIdx.x % 128 == 0) release(j);
+    pool(acc, n_first + j);
   }
 
   if (owner) fills[kSelectBlockM * tw + my_row] = list.fill;
@@ -261,9 +285,15 @@ namespace flash_msa::cuda::sm90 {
 template <class T, int kDp>
 void launch_select(const portable::SelectKernelParams& params, cudaStream_t stream) {
   using namespace block_select;
-  using Smem = SharedMemory<kDp* int(sizeof(T)) / 2, Operand<T>::kFp8>;
+  constexpr int kCols = kDp * int(sizeof(T)) / 2;
+  using Smem = SharedMemory<kCols, Operand<T>::kFp8>;
+  const KernelShape& sh = params.shape;
+  const SelectParams launch{
+      .p = params,
+      .keys = panel_map("kp", params.kp, int(sizeof(T)), sh.batch,
+                        sh.proxy_heads / sh.proxy_group, sh.seqlen, kCols)};
   launch_large_smem(select_kernel<T, kDp>, portable::select_grid<kTiles>(params), kThreads,
-                    Smem::bytes(params.shape.top_k), params, stream);
+                    Smem::bytes(sh.top_k), launch, stream);
 }
 
 }  // namespace flash_msa::cuda::sm90
