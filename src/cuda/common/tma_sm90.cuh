@@ -16,6 +16,7 @@
 #include <string>
 
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/wgmma_sm90.cuh"
 #include "cuda/host/check.h"
 #include "flash_msa/msa.h"
 
@@ -77,6 +78,31 @@ __device__ __forceinline__ uint32_t shared_add_acq_rel(uint32_t* at, uint32_t va
                : "memory");
   return old;
 }
+
+// A ring of kStages shared buffers that the copy engine fills and kConsumers warpgroups read, in
+// shared memory: block j of a walk goes to buffer j % kStages. One thread init()s it and issues
+// block j's copies on bar(j); each warpgroup wait(j)s for the block and, once done with it
+// (thread 0 of the warpgroup, after the products that read it are complete), release(j)s it;
+// the release that returns true is the last, and its thread refills the buffer with block
+// j + kStages.
+template <int kStages, int kConsumers>
+struct BufferRing {
+  uint64_t full[kStages];      // buffer s holds its block (the copy engine's bytes)
+  uint32_t released[kStages];  // releases of the buffer's blocks, in total
+
+  __device__ __forceinline__ void init() {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      released[s] = 0;
+    }
+  }
+  __device__ __forceinline__ uint64_t* bar(int j) { return &full[j % kStages]; }
+  __device__ __forceinline__ void wait(int j) { mbarrier_wait(bar(j), (j / kStages) % 2); }
+  __device__ __forceinline__ bool release(int j) {
+    fence_async_shared();  // this warpgroup's reads come before the copy engine's writes
+    return (shared_add_acq_rel(&released[j % kStages], 1) + 1) % kConsumers == 0;
+  }
+};
 
 // Rows per box of a panel map: one SW128 panel of 128 rows.
 inline constexpr int kPanelRows = 128;

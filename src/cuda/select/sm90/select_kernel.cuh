@@ -93,8 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Smem = SharedMemory<kCols, kFp8>;
   using Tile = portable::SelectTile<kCols>;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t full[kStages];     // buffer s holds its block (the copy engine's bytes)
-  __shared__ uint32_t released[kStages];  // warpgroups done with the buffer's blocks, in total
+  __shared__ BufferRing<kStages, kWarpgroups> ring;  // the key blocks
   unsigned char* smem = align_1024(smem_raw);
   unsigned char* region = smem + Smem::kRegion;
   Storage* qrows = reinterpret_cast<Storage*>(region);
@@ -126,20 +125,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // zero-filled; with FP8 also the block's key scales.
   auto load_block = [&](int j) {
     const int s = j % kStages, n = n_first + j;
-    mbarrier_arrive_expect_tx(&full[s], Smem::kStageBytes + (kFp8 ? kBlockKeys * 4 : 0));
+    mbarrier_arrive_expect_tx(ring.bar(j), Smem::kStageBytes + (kFp8 ? kBlockKeys * 4 : 0));
 #pragma unroll
     for (int panel = 0; panel < kCols / 64; ++panel)
       tma_load_panel(smem + s * Smem::kStageBytes + panel * kBlockKeys * 128, params.keys,
-                     64 * panel, n * kBlockKeys, hk, b, &full[s]);
+                     64 * panel, n * kBlockKeys, hk, b, ring.bar(j));
     if constexpr (kFp8)
       bulk_load(smem + Smem::kScales + s * kBlockKeys * 4, k_scales + n * kBlockKeys,
-                kBlockKeys * 4, &full[s]);
+                kBlockKeys * 4, ring.bar(j));
   };
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], 1);
-      released[s] = 0;
-    }
+    ring.init();
     for (int j = 0; j < kStages && j < blocks; ++j) load_block(j);
   }
   // The query rows of both tiles (zero where no query), every thread taking part in each copy.
@@ -209,15 +205,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       acc[4 * t + 3] *= s2.y;
     }
   };
-  // This warpgroup is done with block j's buffer (thread 0 of the warpgroup, once every thread
-  // of it is: the product's reads are complete, and with FP8 the scales are read); the last of
-  // the four refills it with block j + kStages.
-  auto release = [&](int j) {
-    const int s = j % kStages;
-    fence_async_shared();  // this warpgroup's reads come before the copy engine's writes
-    const uint32_t done = shared_add_acq_rel(&released[s], 1) + 1;
-    if (done % kWarpgroups == 0 && j + kStages < blocks) load_block(j + kStages);
-  };
   // Block n's row maxima (masked where a row sees only part of the block: from the own block
   // on, and blocks cut by a document start), scaled (proxy_scale > 0 and rounding is monotone:
   // the maximum of the scaled scores bit for bit), offered to the rows' lists; the own block
@@ -253,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int j = 0; j < blocks; ++j) {
     const int s = j % kStages;
-    mbarrier_wait(&full[s], (j / kStages) % 2);  // block n_first + j is in buffer s
+    ring.wait(j);  // block n_first + j is in buffer s
     float acc[64];
     issue(acc, qa, desc_add(ring_desc, s * Smem::kStageBytes));
     wgmma_wait<0>();
@@ -262,7 +249,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       apply_scales(acc, s);
       warpgroup_sync(wg);
     }
-    if (threadIdx.x % 128 == 0) release(j);
+    // Thread 0 of the warpgroup, once every thread of it is done with the buffer (the
+    // product's reads are complete; with FP8, the scales are read).
+    if (threadIdx.x % 128 == 0 && ring.release(j) && j + kStages < blocks) load_block(j + kStages);
     pool(acc, n_first + j);
   }
 

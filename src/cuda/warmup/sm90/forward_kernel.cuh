@@ -67,8 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const DenseForwardParams& p = params.p;
   using Smem = SharedMemory;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t full[kStages];      // buffer s holds its block (the copy engine's bytes)
-  __shared__ uint32_t released[kStages];  // warpgroups done with the buffer's blocks, in total
+  __shared__ BufferRing<kStages, kWarpgroups> ring;  // the key blocks
   unsigned char* smem = align_1024(smem_raw);
   const KernelShape& sh = p.shape;
   const int tiles = (sh.queries + kTileRows - 1) / kTileRows;
@@ -96,30 +95,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   const CUtensorMap& k_map = proxy ? params.kp : params.k;
   auto load_block = [&](int j) {
     const int st = j % kStages, key0 = (first_block + j) * kKeys;
-    mbarrier_arrive_expect_tx(&full[st], (proxy ? 1 : 2) * Smem::kKvTile);
+    mbarrier_arrive_expect_tx(ring.bar(j), (proxy ? 1 : 2) * Smem::kKvTile);
 #pragma unroll
     for (int panel = 0; panel < kD / 64; ++panel) {
       const int offset = st * Smem::kKvTile + panel * kKeys * 128;
-      tma_load_panel(smem + Smem::kK + offset, k_map, 64 * panel, key0, k_head, b, &full[st]);
+      tma_load_panel(smem + Smem::kK + offset, k_map, 64 * panel, key0, k_head, b, ring.bar(j));
       if (!proxy)
-        tma_load_panel(smem + Smem::kV + offset, params.v, 64 * panel, key0, k_head, b, &full[st]);
+        tma_load_panel(smem + Smem::kV + offset, params.v, 64 * panel, key0, k_head, b,
+                       ring.bar(j));
     }
   };
   if (threadIdx.x == 0) {
-    for (int st = 0; st < kStages; ++st) {
-      mbarrier_init(&full[st], 1);
-      released[st] = 0;
-    }
+    ring.init();
     for (int j = 0; j < kStages && j < blocks; ++j) load_block(j);
   }
   // This warpgroup is done with block j's buffer (thread 0 of the warpgroup, after the
   // warpgroup's products that read it are complete); the last of the two refills it with block
   // j + kStages.
   auto release = [&](int j) {
-    if (wt != 0) return;
-    fence_async_shared();
-    const uint32_t done = shared_add_acq_rel(&released[j % kStages], 1) + 1;
-    if (done % kWarpgroups == 0 && j + kStages < blocks) load_block(j + kStages);
+    if (wt == 0 && ring.release(j) && j + kStages < blocks) load_block(j + kStages);
   };
 
   unsigned char* s_q = smem + Smem::kQ + wg * Smem::kQTile;
@@ -233,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[64], alpha[2];
   uint32_t a[kKeys / 16][4];
   // Block 0's S and softmax.
-  mbarrier_wait(&full[0], 0);
+  ring.wait(0);
   issue_scores(s, 0);
   wgmma_wait<0>();
   fence_operands(s);
@@ -245,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // softmax of block j + 1 while P V runs, then O rescaled for block j + 1.
     for (int j = 0; j < blocks; ++j) {
       const bool next = j + 1 < blocks;
-      if (next) mbarrier_wait(&full[(j + 1) % kStages], ((j + 1) / kStages) % 2);
+      if (next) ring.wait(j + 1);
       wait_turn();
       // After the last block this recomputes the current S, unused: an unconditional issue
       // keeps branches away from the products in flight (the compiler would wait first).
@@ -274,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     release(0);
     if (wg == 1 && blocks > 1) pass_turn();
     for (int j = 1; j < blocks; ++j) {
-      mbarrier_wait(&full[j % kStages], (j / kStages) % 2);
+      ring.wait(j);
       wait_turn();
       issue_scores(s, j);
       if (wg == 0 || j + 1 < blocks) pass_turn();
