@@ -189,8 +189,9 @@ void run(const Case& c) {
 
   Buf fws(cuda::forward_workspace_bytes(fp, c.warmup, c.max_chunk));
   Buf bws(cuda::backward_workspace_bytes(bp, c.warmup, c.max_chunk));
+  Buf sws(c.warmup ? 0 : cuda::select_workspace_bytes(sp));
   std::printf("%s workspace fwd %zu bwd %zu\n", c.name, fws.n, bws.n);
-  if (!c.warmup) cuda::select(sp, {nullptr, 0}, nullptr);
+  if (!c.warmup) cuda::select(sp, {sws.p, sws.n}, nullptr);
   auto fwd = [&] {
     if (c.warmup)
       cuda::warmup_forward(fp, {fws.p, fws.n}, nullptr);
@@ -222,7 +223,7 @@ void run(const Case& c) {
       std::fprintf(stderr, "TIME %s select %.3f ms\n", c.name,
                    median_ms(
                        [&] {
-                         cuda::select(sp, {nullptr, 0}, nullptr);
+                         cuda::select(sp, {sws.p, sws.n}, nullptr);
                        },
                        c.timing_iters));
     auto klp = fp.kl;

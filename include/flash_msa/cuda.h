@@ -19,6 +19,9 @@ struct Workspace {
   size_t bytes = 0;
 };
 
+// The select's workspace: the FP8 select's quantised copies and, for short sequences on the
+// Hopper kernel (too few query tiles to fill the GPU), the top-K lists of the key walks it cuts
+// into parts; 0 bytes otherwise.
 size_t select_workspace_bytes(const SelectParams& params);
 void select(const SelectParams& params, Workspace workspace, cudaStream_t stream);
 

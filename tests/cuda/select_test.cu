@@ -21,6 +21,7 @@
 #include "common/problem.h"
 #include "common/reference.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/host/plan.h"
 #include "cuda/select/sm90/select_sm90.h"
 #include "flash_msa/cuda.h"
 
@@ -169,6 +170,46 @@ bool fp8_select_runs() {
   return cuda::select_kernels(pr) == cuda::Kernels::kHopper;
 }
 
+// cuda::select on the shard of `sq` queries from position `q0` (the qp view starting there):
+// the shard's indices, [B, Hp, sq, K].
+std::vector<int32_t> run_shard(const Config& cfg, const Inputs& in, int64_t q0, int64_t sq,
+                               SelectPrecision precision) {
+  const Packed qp = pack(in.qp, cfg.dtype, cfg.layout);
+  const Packed kp = pack(in.kp, cfg.dtype, cfg.layout);
+  DeviceMemory dqp(qp.bits.data(), qp.bits.size() * 2);
+  DeviceMemory dkp(kp.bits.data(), kp.bits.size() * 2);
+  DeviceMemory dcu(cfg.cu_seqlens.data(), cfg.cu_seqlens.size() * sizeof(int32_t));
+  Problem pr = cfg.problem();
+  pr.cu_seqlens = cfg.cu_seqlens.empty() ? nullptr : static_cast<const int32_t*>(dcu.get());
+  pr.query_offset = q0;
+  pr.query_len = sq;
+  std::vector<int32_t> got(static_cast<size_t>(cfg.d.B * cfg.d.Hp * sq * cfg.d.K), kIndexPoison);
+  DeviceMemory didx(got.data(), got.size() * sizeof(int32_t));
+  const ConstView shard{static_cast<const uint16_t*>(dqp.get()) + q0 * qp.stride_s, qp.stride_b,
+                        qp.stride_h, qp.stride_s};
+  const SelectParams params{pr, shard, device_view(dkp, kp), static_cast<int32_t*>(didx.get()),
+                            precision};
+  DeviceMemory ws(cuda::select_workspace_bytes(params));
+  cuda::select(params, {ws.get(), ws.bytes()}, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(got.data(), didx.get(), didx.bytes(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return got;
+}
+
+// Rows of a shard's indices that differ from the whole call's rows q0 .. q0 + sq - 1.
+int64_t shard_rows_differing(const Config& cfg, const std::vector<int32_t>& shard,
+                             const std::vector<int32_t>& whole, int64_t q0, int64_t sq) {
+  const int64_t K = cfg.d.K, S = cfg.d.S;
+  int64_t differ = 0;
+  for (int64_t bh = 0; bh < cfg.d.B * cfg.d.Hp; ++bh)
+    for (int64_t i = 0; i < sq; ++i)
+      differ += !std::equal(shard.begin() + (bh * sq + i) * K,
+                            shard.begin() + (bh * sq + i + 1) * K,
+                            whole.begin() + (bh * S + q0 + i) * K);
+  return differ;
+}
+
 TEST_F(CudaSelectShard, RowsEqualTheWholeCall) {
   struct Case {
     bool portable;
@@ -190,37 +231,94 @@ TEST_F(CudaSelectShard, RowsEqualTheWholeCall) {
     cfg.cu_seqlens = {0, 300, 1000, 1450, 2000};
     const Inputs in = random_inputs(cfg.d, 11 + static_cast<uint32_t>(dp), cfg.dtype);
     const std::vector<int32_t> whole = run_cuda_select(cfg, in, precision);
-    const Packed qp = pack(in.qp, cfg.dtype, cfg.layout);
-    const Packed kp = pack(in.kp, cfg.dtype, cfg.layout);
-    DeviceMemory dqp(qp.bits.data(), qp.bits.size() * 2);
-    DeviceMemory dkp(kp.bits.data(), kp.bits.size() * 2);
-    DeviceMemory dcu(cfg.cu_seqlens.data(), cfg.cu_seqlens.size() * sizeof(int32_t));
-    const int64_t K = cfg.d.K, S = cfg.d.S, Hp = cfg.d.Hp;
     for (const auto& [q0, sq] :
          {std::pair<int64_t, int64_t>{0, 300}, {300, 256}, {556, 444}, {129, 1}, {0, 1000}}) {
       SCOPED_TRACE("shard at " + std::to_string(q0) + " of " + std::to_string(sq));
-      Problem pr = cfg.problem();
-      pr.cu_seqlens = static_cast<const int32_t*>(dcu.get());
-      pr.query_offset = q0;
-      pr.query_len = sq;
-      std::vector<int32_t> got(static_cast<size_t>(cfg.d.B * Hp * sq * K), kIndexPoison);
-      DeviceMemory didx(got.data(), got.size() * sizeof(int32_t));
-      const ConstView shard{static_cast<const uint16_t*>(dqp.get()) + q0 * qp.stride_s, qp.stride_b,
-                            qp.stride_h, qp.stride_s};
-      const SelectParams params{pr, shard, device_view(dkp, kp), static_cast<int32_t*>(didx.get()),
-                                precision};
-      DeviceMemory ws(cuda::select_workspace_bytes(params));
-      cuda::select(params, {ws.get(), ws.bytes()}, nullptr);
-      CUDA_OK(cudaDeviceSynchronize());
-      CUDA_OK(cudaMemcpy(got.data(), didx.get(), didx.bytes(), cudaMemcpyDeviceToHost));
-      int64_t differ = 0;
-      for (int64_t bh = 0; bh < cfg.d.B * Hp; ++bh)
-        for (int64_t i = 0; i < sq; ++i)
-          differ +=
-              !std::equal(got.begin() + (bh * sq + i) * K, got.begin() + (bh * sq + i + 1) * K,
-                          whole.begin() + (bh * S + q0 + i) * K);
-      EXPECT_EQ(differ, 0) << "shard rows that differ from the whole call";
+      const std::vector<int32_t> got = run_shard(cfg, in, q0, sq, precision);
+      EXPECT_EQ(shard_rows_differing(cfg, got, whole, q0, sq), 0)
+          << "shard rows that differ from the whole call";
     }
+  }
+}
+
+// Short sequences on the Hopper kernel give fewer CTAs than the GPU holds: each CTA's walk
+// over the key blocks is cut into parts that run as CTAs of their own, and the last part of a
+// walk to finish picks each row's best K of the parts' lists (sm90::select_parts). The part counts follow the shape, and
+// the selections equal those of whole walks bit for bit: 13 batch rows give enough CTAs for
+// whole walks, row 0 alone four parts per walk, on the same inputs; with packed documents,
+// K = 64 (the merge's most candidates), shards of the queries (three parts) and FP8.
+using CudaSelectParts = CudaTest;
+
+int parts_for(const Problem& pr) {
+  cuda::portable::SelectKernelParams params{};
+  params.shape = cuda::kernel_shape(pr);
+  return cuda::sm90::select_parts(params);
+}
+int parts_for(const Config& cfg) { return parts_for(cfg.problem()); }
+
+TEST_F(CudaSelectParts, CountFollowsTheShape) {
+  Config cfg;  // the paper's proxy heads
+  cfg.d = {.B = 1, .S = 8192, .H = 4, .Hk = 1, .Hp = 4, .Hpk = 1, .D = 8, .Dp = 128, .K = 16};
+  EXPECT_EQ(parts_for(cfg), 4);
+  cfg.d.S = 16384;
+  EXPECT_EQ(parts_for(cfg), 2);
+  cfg.d.S = 32768;
+  EXPECT_EQ(parts_for(cfg), 1);
+  cfg.d.S = 8192;
+  cfg.d.B = 8;
+  EXPECT_EQ(parts_for(cfg), 1);
+  cfg.d.B = 1;
+  cfg.d.S = 1000;  // walks of 8 blocks stay whole
+  EXPECT_EQ(parts_for(cfg), 1);
+}
+
+TEST_F(CudaSelectParts, SelectionsEqualWholeWalks) {
+  if (!fp8_select_runs()) GTEST_SKIP() << "walks are cut on the Hopper select kernel";
+  struct Case {
+    const char* name;
+    int64_t S, Dp, K;
+    std::vector<int32_t> docs;  // document starts in each batch row, then S
+    SelectPrecision precision;
+  };
+  const Case cases[] = {
+      {"S4096_K16", 4096, 128, 16, {0, 4096}, SelectPrecision::kExact},
+      {"S4000_Dp64_K64_docs", 4000, 64, 64, {0, 900, 2600, 4000}, SelectPrecision::kExact},
+      {"S4096_K16_docs_fp8", 4096, 128, 16, {0, 1500, 4096}, SelectPrecision::kFloat8E4M3}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Config many;
+    many.d = {.B = 13, .S = c.S, .H = 2, .Hk = 1, .Hp = 2, .Hpk = 1, .D = 8, .Dp = c.Dp, .K = c.K};
+    many.dtype = DType::kBFloat16;
+    Config one = many;
+    one.d.B = 1;
+    for (int64_t b = 0; b < many.d.B; ++b)
+      for (size_t x = b == 0 ? 0 : 1; x < c.docs.size(); ++x)
+        many.cu_seqlens.push_back(static_cast<int32_t>(b * c.S + c.docs[x]));
+    one.cu_seqlens = c.docs;
+    ASSERT_EQ(parts_for(many), 1);
+    ASSERT_EQ(parts_for(one), 4);
+    const Inputs in = random_inputs(many.d, 23 + static_cast<uint32_t>(c.K), many.dtype);
+    Inputs row0;
+    for (const auto& [from, to] : {std::pair{&in.qp, &row0.qp}, {&in.kp, &row0.kp}}) {
+      *to = Tensor(1, from->n1, from->n2, from->n3);
+      std::copy(from->v.begin(), from->v.begin() + to->v.size(), to->v.begin());
+    }
+    const std::vector<int32_t> whole = run_cuda_select(many, in, c.precision);
+    const std::vector<int32_t> cut = run_cuda_select(one, row0, c.precision);
+    EXPECT_TRUE(std::equal(cut.begin(), cut.end(), whole.begin()))
+        << "row 0's indices with cut walks differ from those with whole walks";
+    std::string first;
+    if (c.precision == SelectPrecision::kExact) {
+      EXPECT_EQ(selection_errors(one, row0, cut, 1e-3, &first), 0) << first;
+    }
+    const int64_t q0 = 1000, sq = 2000;
+    Problem shard = one.problem();
+    shard.query_offset = q0;
+    shard.query_len = sq;
+    ASSERT_EQ(parts_for(shard), 3);
+    const std::vector<int32_t> got = run_shard(one, row0, q0, sq, c.precision);
+    EXPECT_EQ(shard_rows_differing(one, got, cut, q0, sq), 0)
+        << "shard rows (three parts per walk) that differ from the whole call";
   }
 }
 

@@ -1,7 +1,9 @@
 // Host entry of the proxy select stage (SPEC section 1): validation, the CUDA backend's own
 // limits, and dispatch on dtype and proxy head dim to the Hopper kernel (select/sm90) where
 // select_kernels() says so, to the portable kernel otherwise; the FP8 select
-// (SelectPrecision::kFloat8E4M3) quantises into the workspace and runs the Hopper kernel.
+// (SelectPrecision::kFloat8E4M3) quantises into the workspace and runs the Hopper kernel. The
+// Hopper kernel's cut key walks (short sequences, sm90::select_parts) keep their lists in the
+// workspace too.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -48,15 +50,46 @@ int64_t padded_keys(const Problem& pr) {
   return (pr.seqlen + kBlockSize - 1) / kBlockSize * kBlockSize;
 }
 
-auto fp8_layout(const Problem& pr, Fp8Buffers* out = nullptr) {
-  return [&pr, out](Carver& c) {
-    const int64_t keys = pr.batch * pr.proxy_kv_heads * padded_keys(pr);
-    Fp8Buffers f{};
-    f.qp = c.take<uint8_t>(pr.batch * pr.proxy_heads * pr.queries() * sm90::kSelectFp8Dp);
-    f.kp = c.take<uint8_t>(keys * sm90::kSelectFp8Dp);
-    f.key_scale = c.take<float>(keys);
-    if (out) *out = f;
+// The workspace: with FP8 its buffers, then with parts > 1 the parts' lists and a counter per
+// walk (`walks` of them).
+auto layout(const Problem& pr, bool fp8, int parts, int64_t walks, Fp8Buffers* fp8_out = nullptr,
+            sm90::SelectParts* parts_out = nullptr) {
+  return [&pr, fp8, parts, walks, fp8_out, parts_out](Carver& c) {
+    if (fp8) {
+      const int64_t keys = pr.batch * pr.proxy_kv_heads * padded_keys(pr);
+      Fp8Buffers f{};
+      f.qp = c.take<uint8_t>(pr.batch * pr.proxy_heads * pr.queries() * sm90::kSelectFp8Dp);
+      f.kp = c.take<uint8_t>(keys * sm90::kSelectFp8Dp);
+      f.key_scale = c.take<float>(keys);
+      if (fp8_out) *fp8_out = f;
+    }
+    if (parts > 1) {
+      const int64_t rows = pr.batch * pr.proxy_heads * pr.queries();
+      sm90::SelectParts p{.count = parts};
+      p.entries = c.take<int2>(rows * parts * pr.top_k);
+      p.fills = c.take<int32_t>(rows * parts);
+      p.done = c.take<uint32_t>(walks);
+      if (parts_out) *parts_out = p;
+    }
   };
+}
+
+portable::SelectKernelParams kernel_params(const SelectParams& params) {
+  const Problem& pr = params.problem;
+  return {
+      .qp = params.qp,
+      .kp = params.kp,
+      .indices = params.indices,
+      .cu_seqlens = pr.cu_seqlens,
+      .shape = kernel_shape(pr),
+  };
+}
+
+// The Hopper kernel's parts per key walk (FP8 runs only there), 1 on the portable kernel.
+int parts_of(const SelectParams& params, const portable::SelectKernelParams& kp) {
+  const bool hopper = params.precision == SelectPrecision::kFloat8E4M3 ||
+                      select_kernels(params.problem) == Kernels::kHopper;
+  return hopper ? sm90::select_parts(kp) : 1;
 }
 
 void check_fp8(const Problem& pr) {
@@ -87,7 +120,7 @@ void quantize(const ConstView& view, int64_t batch, int64_t heads, int64_t token
 
 template <class T>
 void select_fp8(const SelectParams& params, portable::SelectKernelParams kp, const Fp8Buffers& f,
-                cudaStream_t stream) {
+                const sm90::SelectParts& parts, cudaStream_t stream) {
   const Problem& pr = params.problem;
   const int64_t dp = sm90::kSelectFp8Dp, sq = pr.queries(), keys = padded_keys(pr);
   quantize<T>(params.qp, pr.batch, pr.proxy_heads, sq, sq, f.qp, nullptr, stream);
@@ -95,30 +128,31 @@ void select_fp8(const SelectParams& params, portable::SelectKernelParams kp, con
   kp.qp = contiguous_view<const void>(f.qp, pr.proxy_heads, sq, dp);
   kp.kp = contiguous_view<const void>(f.kp, pr.proxy_kv_heads, keys, dp);
   kp.key_scales = f.key_scale;
-  sm90::launch_select<__nv_fp8_e4m3, sm90::kSelectFp8Dp>(kp, stream);
+  sm90::launch_select<__nv_fp8_e4m3, sm90::kSelectFp8Dp>(kp, parts, stream);
 }
 
 // The Hopper kernel where `hopper` (instantiated for Dp = 64 and 128), else the portable one.
 template <class T, int kDp>
-void launch(const portable::SelectKernelParams& kp, bool hopper, cudaStream_t stream) {
+void launch(const portable::SelectKernelParams& kp, bool hopper, const sm90::SelectParts& parts,
+            cudaStream_t stream) {
   if constexpr (kDp != 32) {
-    if (hopper) return sm90::launch_select<T, kDp>(kp, stream);
+    if (hopper) return sm90::launch_select<T, kDp>(kp, parts, stream);
   }
   portable::launch_select<T, kDp>(kp, stream);
 }
 
 template <class T>
 void dispatch_dp(const portable::SelectKernelParams& kp, int64_t dp, bool hopper,
-                 cudaStream_t stream) {
+                 const sm90::SelectParts& parts, cudaStream_t stream) {
   switch (dp) {
     case 32:
-      launch<T, 32>(kp, hopper, stream);
+      launch<T, 32>(kp, hopper, parts, stream);
       break;
     case 64:
-      launch<T, 64>(kp, hopper, stream);
+      launch<T, 64>(kp, hopper, parts, stream);
       break;
     default:
-      launch<T, 128>(kp, hopper, stream);
+      launch<T, 128>(kp, hopper, parts, stream);
       break;
   }
 }
@@ -127,38 +161,38 @@ void dispatch_dp(const portable::SelectKernelParams& kp, int64_t dp, bool hopper
 
 size_t select_workspace_bytes(const SelectParams& params) {
   validate(params);
-  // The top-K lists live in shared memory; the FP8 select needs its quantised copies.
-  if (params.precision == SelectPrecision::kFloat8E4M3)
-    return layout_bytes(fp8_layout(params.problem));
-  return 0;
+  // The top-K lists live in shared memory but for cut walks; the FP8 select needs its
+  // quantised copies.
+  const portable::SelectKernelParams kp = kernel_params(params);
+  return layout_bytes(layout(params.problem, params.precision == SelectPrecision::kFloat8E4M3,
+                             parts_of(params, kp), sm90::select_walks(kp)));
 }
 
 void select(const SelectParams& params, Workspace workspace, cudaStream_t stream) {
   validate(params);
   check_limits(params);
   const Problem& pr = params.problem;
-  const portable::SelectKernelParams kp{
-      .qp = params.qp,
-      .kp = params.kp,
-      .indices = params.indices,
-      .cu_seqlens = pr.cu_seqlens,
-      .shape = kernel_shape(pr),
-  };
-  if (params.precision == SelectPrecision::kFloat8E4M3) {
-    check_fp8(pr);
-    Fp8Buffers f{};
-    carve_workspace(workspace, fp8_layout(pr, &f), "select_workspace_bytes");
+  const portable::SelectKernelParams kp = kernel_params(params);
+  const bool fp8 = params.precision == SelectPrecision::kFloat8E4M3;
+  if (fp8) check_fp8(pr);
+  Fp8Buffers f{};
+  sm90::SelectParts parts{};
+  const int count = parts_of(params, kp);
+  if (fp8 || count > 1)
+    carve_workspace(workspace, layout(pr, fp8, count, sm90::select_walks(kp), &f, &parts),
+                    "select_workspace_bytes");
+  if (fp8) {
     if (pr.dtype == DType::kBFloat16)
-      select_fp8<__nv_bfloat16>(params, kp, f, stream);
+      select_fp8<__nv_bfloat16>(params, kp, f, parts, stream);
     else
-      select_fp8<__half>(params, kp, f, stream);
+      select_fp8<__half>(params, kp, f, parts, stream);
     return;
   }
   const bool hopper = select_kernels(pr) == Kernels::kHopper;
   if (pr.dtype == DType::kBFloat16) {
-    dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, hopper, stream);
+    dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, hopper, parts, stream);
   } else {
-    dispatch_dp<__half>(kp, pr.proxy_head_dim, hopper, stream);
+    dispatch_dp<__half>(kp, pr.proxy_head_dim, hopper, parts, stream);
   }
 }
 

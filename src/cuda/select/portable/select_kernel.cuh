@@ -158,6 +158,14 @@ struct TopKList {
     }
     thr = best;
   }
+
+  // An entry of another list, over other blocks, in any block order (the Hopper kernel's cut
+  // walks): it enters if it beats the worst kept, by a higher score or an equal score and a
+  // lower block.
+  __device__ __forceinline__ void merge(float m, int n) {
+    if (fill == top_k && !(m > thr || (m == thr && n < entries[worst * kRows].y))) return;
+    insert(m, n);
+  }
 };
 
 // A CTA's work: the query tile of the 128 positions of key block `tile` for proxy head h of
@@ -176,15 +184,17 @@ __device__ __forceinline__ SelectWork tile_work(const SelectKernelParams& p, int
   return w;
 }
 
-// This CTA's tile of the tiles that hold queries, for one CTA per tile and (b, h): heaviest
-// tiles (largest causal bound) first, all heads of a tile together. kTiles consecutive tiles
-// per CTA: the top one of the CTA's group (the group below it starts kTiles lower).
+// The tile of CTA `cta` (blockIdx.x unless the caller numbers its CTAs otherwise) of the tiles
+// that hold queries, for one CTA per tile and (b, h): heaviest tiles (largest causal bound)
+// first, all heads of a tile together. kTiles consecutive tiles per CTA: the top one of the
+// CTA's group (the group below it starts kTiles lower).
 template <int kTiles = 1>
-__device__ __forceinline__ SelectWork select_work(const SelectKernelParams& p) {
+__device__ __forceinline__ SelectWork select_work(const SelectKernelParams& p,
+                                                  unsigned cta = blockIdx.x) {
   const int heads = p.shape.batch * p.shape.proxy_heads;
   const int q_end = p.shape.query_offset + p.shape.queries;
-  const int tile = (q_end - 1) / kSelectBlockM - kTiles * static_cast<int>(blockIdx.x / heads);
-  const int bh = static_cast<int>(blockIdx.x % heads);
+  const int tile = (q_end - 1) / kSelectBlockM - kTiles * static_cast<int>(cta / heads);
+  const int bh = static_cast<int>(cta % heads);
   return tile_work(p, bh / p.shape.proxy_heads, bh % p.shape.proxy_heads, tile);
 }
 

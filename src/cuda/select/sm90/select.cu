@@ -1,17 +1,37 @@
-// Hopper proxy-select instantiations (Dp = 64, 128; FP8 at 128), the FP8 quantisation and the
-// probe of their sm_90a code.
+// Hopper proxy-select instantiations (Dp = 64, 128; FP8 at 128), the FP8 quantisation, the
+// part count of cut key walks and the probe of their sm_90a code.
+#include <algorithm>
+
 #include "cuda/select/sm90/quantize.cuh"
 #include "cuda/select/sm90/select_kernel.cuh"
 
 namespace flash_msa::cuda::sm90 {
 
-template void launch_select<__nv_bfloat16, 64>(const portable::SelectKernelParams&, cudaStream_t);
-template void launch_select<__nv_bfloat16, 128>(const portable::SelectKernelParams&, cudaStream_t);
-template void launch_select<__half, 64>(const portable::SelectKernelParams&, cudaStream_t);
-template void launch_select<__half, 128>(const portable::SelectKernelParams&, cudaStream_t);
-template void launch_select<__nv_fp8_e4m3, 128>(const portable::SelectKernelParams&, cudaStream_t);
+#define FLASH_MSA_SELECT_SM90(T, DP)                                                      \
+  template void launch_select<T, DP>(const portable::SelectKernelParams&, const SelectParts&, \
+                                     cudaStream_t);
+FLASH_MSA_SELECT_SM90(__nv_bfloat16, 64)
+FLASH_MSA_SELECT_SM90(__nv_bfloat16, 128)
+FLASH_MSA_SELECT_SM90(__half, 64)
+FLASH_MSA_SELECT_SM90(__half, 128)
+FLASH_MSA_SELECT_SM90(__nv_fp8_e4m3, 128)
+#undef FLASH_MSA_SELECT_SM90
 template void launch_quantize<__nv_bfloat16>(const QuantizeParams&, cudaStream_t);
 template void launch_quantize<__half>(const QuantizeParams&, cudaStream_t);
+
+int select_parts(const portable::SelectKernelParams& params) {
+  constexpr unsigned kFillCtas = 3 * 132;  // three waves of a 132-SM H100 / H200
+  constexpr int kMinPartBlocks = 8;
+  const unsigned ctas = portable::select_grid<block_select::kTiles>(params);
+  if (ctas == 0) return 1;
+  const int walk = (params.shape.query_offset + params.shape.queries - 1) / portable::kBlockKeys + 1;
+  const int by_ctas = static_cast<int>((kFillCtas + ctas - 1) / ctas);
+  return std::clamp(std::min(by_ctas, walk / kMinPartBlocks), 1, kMaxSelectParts);
+}
+
+int64_t select_walks(const portable::SelectKernelParams& params) {
+  return portable::select_grid<block_select::kTiles>(params);
+}
 
 bool select_built() {
   cudaFuncAttributes attr{};

@@ -17,6 +17,13 @@
 // scheduler hiding each other's latencies. The lower tile's warpgroups also score the upper
 // tile's own block, all of whose keys lie in their future: masked, it changes nothing.
 //
+// Short sequences give fewer CTAs than the GPU holds, and the CTA of the last tiles walks all
+// the blocks while the first ones walk a few. There the walk is cut into parts
+// (SelectParts, select_parts()): part q of a walk runs as a CTA of its own and writes its rows'
+// lists to the workspace; the part that finishes last (a counter per walk) merges the others'
+// lists into its own and writes the indices. The best K of the union are the best K of the
+// row whichever part comes last, so the indices equal those of whole walks.
+//
 // With T = __nv_fp8_e4m3 (SelectPrecision::kFloat8E4M3, Dp = 128) the kernel reads the FP8
 // copies of q_proxy and k_proxy (quantize.cuh) and the keys' scales: the rows are moved as
 // 16-bit pairs of bytes through the same copies, shared layouts and fragments (a 128-byte row,
@@ -36,6 +43,7 @@
 #include "cuda/common/wgmma_sm90.cuh"
 #include "cuda/host/impl.h"
 #include "cuda/select/portable/select_kernel.cuh"
+#include "cuda/select/sm90/select_sm90.h"
 
 namespace flash_msa::cuda::sm90::block_select {
 
@@ -48,11 +56,12 @@ inline constexpr int kWarpgroups = 4;                 // an m64 row tile each
 inline constexpr int kThreads = 128 * kWarpgroups;
 inline constexpr int kStages = 3;  // key-block buffers
 
-// The portable kernel's parameters and the tensor map of their kp view (panel_map: 64 16-bit
-// columns by 128 keys a box).
+// The portable kernel's parameters, the tensor map of their kp view (panel_map: 64 16-bit
+// columns by 128 keys a box) and the parts of the cut walks.
 struct SelectParams {
   portable::SelectKernelParams p;
   CUtensorMap keys;
+  SelectParts parts;
 };
 
 // The operand type T (bf16, fp16 or FP8 E4M3) and the 16-bit type its rows move as.
@@ -81,6 +90,23 @@ struct SharedMemory {
   }
 };
 
+// Part `part`'s lists of the rows [lo, hi) of tile `w` (columns of a [K][kRows] array and
+// their fills, complete in shared memory) into `parts`, all kThreads threads.
+__device__ __forceinline__ void write_part(const portable::SelectKernelParams& p,
+                                           const SelectParts& parts, int part,
+                                           const portable::SelectWork& w, const int2* entries,
+                                           const int32_t* fills) {
+  const int k = p.shape.top_k;
+  for (int x = threadIdx.x; x < (w.hi - w.lo) * k; x += kThreads) {
+    const int row = w.lo + x / k, slot = x % k;
+    const int64_t r =
+        p.shape.query_row(int64_t(w.b) * p.shape.proxy_heads + w.h, w.m0 + row) * parts.count +
+        part;
+    if (slot == 0) parts.fills[r] = fills[row];
+    if (slot < fills[row]) parts.entries[r * k + slot] = entries[slot * kRows + row];
+  }
+}
+
 template <class T, int kDp>
 __global__ void __launch_bounds__(kThreads, 1)
     select_kernel(const __grid_constant__ SelectParams params) {
@@ -101,8 +127,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* fills = reinterpret_cast<int32_t*>(region + Smem::fills_offset(p.shape.top_k));
 
   // The CTA's tiles t_lo = t_hi - 1 (below the queries, or -1, at the bottom end: no rows
-  // then) and t_hi; this warpgroup's tile and its row tile (rows 64 mt .. 64 mt + 63).
-  const portable::SelectWork upper = portable::select_work<kTiles>(p);
+  // then) and t_hi; this warpgroup's tile and its row tile (rows 64 mt .. 64 mt + 63). CTAs go
+  // by tile pair, then part, then (b, h).
+  const int parts = params.parts.count;
+  const unsigned heads = unsigned(p.shape.batch * p.shape.proxy_heads);
+  const int part = int(blockIdx.x / heads) % parts;
+  const unsigned walk_id = blockIdx.x / heads / unsigned(parts) * heads + blockIdx.x % heads;
+  const portable::SelectWork upper = portable::select_work<kTiles>(p, walk_id);
   const int b = upper.b, t_hi = upper.tile;
   const int wg = warpgroup_index(), tw = wg / 2, mt = wg % 2;
   const portable::SelectWork mine = portable::tile_work(p, b, upper.h, t_hi - 1 + tw);
@@ -119,12 +150,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = (t_hi - 1) * kSelectBlockM;  // position of the CTA's row 0
   const int n_first = portable::doc_start(p, b, max(m0, 0)) / kBlockKeys;
   const int lo_last = portable::doc_start(p, b, upper.m0 + upper.hi - 1);
-  const int blocks = t_hi - n_first + 1;  // the CTA's key blocks n_first + j, j < blocks
+  // The walk's key blocks n_first .. t_hi; this part's are n_part + j, j < blocks.
+  const int walk = t_hi - n_first + 1, part_blocks = (walk + parts - 1) / parts;
+  const int n_part = n_first + part * part_blocks;
+  const int blocks = max(min(part_blocks, t_hi + 1 - n_part), 0);
 
-  // Key block n_first + j into buffer j % kStages (one thread), keys past the sequence
+  // Key block n_part + j into buffer j % kStages (one thread), keys past the sequence
   // zero-filled; with FP8 also the block's key scales.
   auto load_block = [&](int j) {
-    const int s = j % kStages, n = n_first + j;
+    const int s = j % kStages, n = n_part + j;
     mbarrier_arrive_expect_tx(ring.bar(j), Smem::kStageBytes + (kFp8 ? kBlockKeys * 4 : 0));
 #pragma unroll
     for (int panel = 0; panel < kCols / 64; ++panel)
@@ -252,11 +286,47 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Thread 0 of the warpgroup, once every thread of it is done with the buffer (the
     // product's reads are complete; with FP8, the scales are read).
     if (threadIdx.x % 128 == 0 && ring.release(j) && j + kStages < blocks) load_block(j + kStages);
-    pool(acc, n_first + j);
+    pool(acc, n_part + j);
   }
 
+  const bool row_is_query = owner && my_row >= mine.lo && my_row < mine.hi;
   if (owner) fills[kSelectBlockM * tw + my_row] = list.fill;
   __syncthreads();
+  if (parts > 1) {
+    // This part's lists to the workspace; the walk's last part to finish merges the others'.
+    __shared__ uint32_t last;
+#pragma unroll
+    for (int w = 0; w < kTiles; ++w)
+      write_part(p, params.parts, part, portable::tile_work(p, b, upper.h, t_hi - 1 + w),
+                 entries + kSelectBlockM * w, fills + kSelectBlockM * w);
+    __threadfence();  // the lists before the count, for the last part's reads
+    __syncthreads();
+    if (threadIdx.x == 0)
+      last = atomicAdd(&params.parts.done[walk_id], 1u) == uint32_t(parts - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the count before the other parts' lists
+    if (row_is_query) {
+      const int64_t r =
+          p.shape.query_row(int64_t(b) * p.shape.proxy_heads + upper.h, mine.m0 + my_row) * parts;
+      for (int q = 0; q < parts; ++q) {
+        if (q == part) continue;
+        const int2* in = params.parts.entries + (r + q) * p.shape.top_k;
+        const int n = __ldcg(params.parts.fills + r + q);
+        // Eight entries' loads in flight at a time, then their merges.
+        for (int e0 = 0; e0 < n; e0 += 8) {
+          int2 c[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) c[u] = e0 + u < n ? __ldcg(in + e0 + u) : int2{};
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            if (e0 + u < n) list.merge(__int_as_float(c[u].x), c[u].y);
+        }
+      }
+      fills[kSelectBlockM * tw + my_row] = list.fill;
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int w = 0; w < kTiles; ++w)
     portable::write_selection<kThreads, kRows>(p, portable::tile_work(p, b, upper.h, t_hi - 1 + w),
@@ -272,7 +342,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 namespace flash_msa::cuda::sm90 {
 
 template <class T, int kDp>
-void launch_select(const portable::SelectKernelParams& params, cudaStream_t stream) {
+void launch_select(const portable::SelectKernelParams& params, const SelectParts& parts,
+                   cudaStream_t stream) {
   using namespace block_select;
   constexpr int kCols = kDp * int(sizeof(T)) / 2;
   using Smem = SharedMemory<kCols, Operand<T>::kFp8>;
@@ -280,9 +351,13 @@ void launch_select(const portable::SelectKernelParams& params, cudaStream_t stre
   const SelectParams launch{
       .p = params,
       .keys = panel_map("kp", params.kp, int(sizeof(T)), sh.batch,
-                        sh.proxy_heads / sh.proxy_group, sh.seqlen, kCols)};
-  launch_large_smem(select_kernel<T, kDp>, portable::select_grid<kTiles>(params), kThreads,
-                    Smem::bytes(sh.top_k), launch, stream);
+                        sh.proxy_heads / sh.proxy_group, sh.seqlen, kCols),
+      .parts = parts};
+  const unsigned walks = portable::select_grid<kTiles>(params);
+  if (parts.count > 1)
+    FLASH_MSA_CUDA_CHECK(cudaMemsetAsync(parts.done, 0, walks * sizeof(uint32_t), stream));
+  launch_large_smem(select_kernel<T, kDp>, walks * parts.count, kThreads, Smem::bytes(sh.top_k),
+                    launch, stream);
 }
 
 }  // namespace flash_msa::cuda::sm90
