@@ -85,11 +85,15 @@ portable::SelectKernelParams kernel_params(const SelectParams& params) {
   };
 }
 
-// The Hopper kernel's parts per key walk (FP8 runs only there), 1 on the portable kernel.
+// Whether the Hopper kernel runs (FP8 runs only there).
+bool runs_hopper(const SelectParams& params) {
+  return params.precision == SelectPrecision::kFloat8E4M3 ||
+         select_kernels(params.problem) == Kernels::kHopper;
+}
+
+// The Hopper kernel's parts per key walk, 1 on the portable kernel.
 int parts_of(const SelectParams& params, const portable::SelectKernelParams& kp) {
-  const bool hopper = params.precision == SelectPrecision::kFloat8E4M3 ||
-                      select_kernels(params.problem) == Kernels::kHopper;
-  return hopper ? sm90::select_parts(kp) : 1;
+  return runs_hopper(params) ? sm90::select_parts(kp) : 1;
 }
 
 void check_fp8(const Problem& pr) {
@@ -188,7 +192,7 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
       select_fp8<__half>(params, kp, f, parts, stream);
     return;
   }
-  const bool hopper = select_kernels(pr) == Kernels::kHopper;
+  const bool hopper = runs_hopper(params);
   if (pr.dtype == DType::kBFloat16) {
     dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, hopper, parts, stream);
   } else {

@@ -19,18 +19,18 @@ FLASH_MSA_SELECT_SM90(__nv_fp8_e4m3, 128)
 template void launch_quantize<__nv_bfloat16>(const QuantizeParams&, cudaStream_t);
 template void launch_quantize<__half>(const QuantizeParams&, cudaStream_t);
 
+int64_t select_walks(const portable::SelectKernelParams& params) {
+  return portable::select_grid<block_select::kTiles>(params);
+}
+
 int select_parts(const portable::SelectKernelParams& params) {
-  constexpr unsigned kFillCtas = 3 * 132;  // three waves of a 132-SM H100 / H200
+  constexpr int64_t kFillCtas = 3 * 132;  // three waves of a 132-SM H100 / H200
   constexpr int kMinPartBlocks = 8;
-  const unsigned ctas = portable::select_grid<block_select::kTiles>(params);
+  const int64_t ctas = select_walks(params);
   if (ctas == 0) return 1;
   const int walk = (params.shape.query_offset + params.shape.queries - 1) / portable::kBlockKeys + 1;
   const int by_ctas = static_cast<int>((kFillCtas + ctas - 1) / ctas);
   return std::clamp(std::min(by_ctas, walk / kMinPartBlocks), 1, kMaxSelectParts);
-}
-
-int64_t select_walks(const portable::SelectKernelParams& params) {
-  return portable::select_grid<block_select::kTiles>(params);
 }
 
 bool select_built() {
