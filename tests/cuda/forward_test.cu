@@ -1,8 +1,9 @@
 // CUDA main attention forward, sparse and warmup (SPEC sections 2, 3, 5), against the CPU
 // backend run in fp32 on the same bf16/fp16-rounded inputs and the same indices (from
 // cpu::select): out, lse, lse_proxy, kl; ragged S, B = 2, packed documents, K > number of blocks,
-// G in {1, 2, 4, 16}, strided views, poisoned outputs; golden cases; the backend's limits;
-// determinism of kl; and (disabled by default) the paper-shape timing.
+// G in {1, 2, 4, 16}, strided views, poisoned outputs; the tile path of per-block selections;
+// golden cases; the backend's limits; determinism of kl; and (disabled by default) the
+// paper-shape timing.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -270,6 +271,140 @@ TEST_F(CudaForwardIndices, InvalidEntriesSkipped) {
   expect_match(got, want, cfg.dtype, true);
 }
 
+// ---- the tile path (Hopper, Dp = 128, without the KL value) ----
+
+// The in-row position of each flattened token's document start.
+std::vector<int32_t> doc_starts(const Config& cfg) {
+  std::vector<int32_t> start(static_cast<size_t>(cfg.d.B * cfg.d.S), 0);
+  for (int64_t t = 0; t < cfg.d.B * cfg.d.S; ++t) {
+    const int64_t row = t / cfg.d.S * cfg.d.S;
+    int64_t at = row;
+    for (const int32_t cut : cfg.cu_seqlens)
+      if (cut <= t) at = std::max<int64_t>(at, cut);
+    start[static_cast<size_t>(t)] = static_cast<int32_t>(at - row);
+  }
+  return start;
+}
+
+// Selections made per 128-query block for about half of the blocks (chosen at random): every
+// query of block n selects n and up to K - 1 random earlier blocks that all of them see; the
+// other blocks keep the per-token selections `per_token`.
+std::vector<int32_t> per_block_indices(const Config& cfg, std::vector<int32_t> indices,
+                                       uint32_t seed) {
+  const Dims& d = cfg.d;
+  const std::vector<int32_t> start = doc_starts(cfg);
+  std::mt19937 rng(seed);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t p = 0; p < d.Hp; ++p)
+      for (int64_t n = 0; n < d.NB(); ++n) {
+        if (rng() % 2) continue;
+        const int64_t lo = n * kBlockSize, hi = std::min(d.S, lo + kBlockSize);
+        int32_t first = 0;  // the first block that every query of the block sees
+        for (int64_t i = lo; i < hi; ++i)
+          first = std::max(first, start[static_cast<size_t>(b * d.S + i)] / int32_t(kBlockSize));
+        std::vector<int32_t> pool;
+        for (int32_t m = first; m < n; ++m) pool.push_back(m);
+        std::shuffle(pool.begin(), pool.end(), rng);
+        pool.resize(std::min<size_t>(pool.size(), static_cast<size_t>(d.K - 1)));
+        pool.push_back(static_cast<int32_t>(n));
+        std::sort(pool.begin(), pool.end());
+        pool.resize(static_cast<size_t>(d.K), -1);
+        for (int64_t i = lo; i < hi; ++i)
+          std::copy(pool.begin(), pool.end(), indices.begin() + ((b * d.Hp + p) * d.S + i) * d.K);
+      }
+  return indices;
+}
+
+// Whether each query row (b, p, i) lies in a tile whose queries all have the same index row (for
+// valid selections: the same valid blocks, the tile path's rule).
+std::vector<bool> listed_rows(const Config& cfg, const std::vector<int32_t>& indices) {
+  const Dims& d = cfg.d;
+  std::vector<bool> listed(static_cast<size_t>(d.B * d.Hp * d.S));
+  for (int64_t bp = 0; bp < d.B * d.Hp; ++bp)
+    for (int64_t n = 0; n < d.NB(); ++n) {
+      const int64_t lo = n * kBlockSize, hi = std::min(d.S, lo + kBlockSize);
+      const auto row = [&](int64_t i) { return indices.begin() + (bp * d.S + i) * d.K; };
+      bool same = true;
+      for (int64_t i = lo + 1; i < hi && same; ++i)
+        same = std::equal(row(i), row(i) + d.K, row(lo));
+      for (int64_t i = lo; i < hi; ++i) listed[static_cast<size_t>(bp * d.S + i)] = same;
+    }
+  return listed;
+}
+
+using CudaForwardTiles = CudaTestWithParam<ShapeCase>;
+
+// Tiles of per-block selections among per-token ones, against the CPU backend. On Hopper the
+// listed tiles run query-outer: the rows of the other tiles keep the bits of the key-outer path
+// (which a call with the KL value takes for every row), and the listed rows' lse differ from it
+// by rounding (an online softmax instead of a merge of per-block partials), which shows that the
+// path ran. Chunks leave the bits unchanged, and so does a second call.
+TEST_P(CudaForwardTiles, MatchesCpu) {
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(dtype == DType::kBFloat16 ? "bf16" : "fp16");
+    const Config cfg = case_config(GetParam(), dtype);
+    const Dims& d = cfg.d;
+    const Inputs in = random_inputs(d, 321, dtype);
+    const Config ref_cfg = cpu_config(cfg);
+    const std::vector<int32_t> indices = per_block_indices(cfg, run_select(ref_cfg, in), 17);
+    const CudaOutputs got = run_cuda_forward(cfg, in, false, indices, false);
+    expect_match(got, run_forward(ref_cfg, in, false, indices, false), dtype, false);
+    const CudaOutputs again = run_cuda_forward(cfg, in, false, indices, false);
+    EXPECT_EQ(got.out.v, again.out.v);
+    EXPECT_EQ(got.lse, again.lse);
+    EXPECT_EQ(got.lse_proxy, again.lse_proxy);
+    const CudaOutputs chunked = run_cuda_forward(cfg, in, false, indices, false, kBlockSize);
+    EXPECT_EQ(got.out.v, chunked.out.v);
+    EXPECT_EQ(got.lse, chunked.lse);
+    EXPECT_EQ(got.lse_proxy, chunked.lse_proxy);
+    if (cuda::sparse_kernels(cfg.problem()) != cuda::Kernels::kHopper) continue;
+
+    const CudaOutputs key_outer = run_cuda_forward(cfg, in, false, indices, true);
+    const std::vector<bool> listed = listed_rows(cfg, indices);
+    const int64_t G = d.H / d.Hp;
+    int64_t listed_count = 0, listed_differ = 0, other_differ = 0;
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t h = 0; h < d.H; ++h)
+        for (int64_t i = 0; i < d.S; ++i) {
+          const size_t row = static_cast<size_t>((b * d.H + h) * d.S + i);
+          const bool in_tile = listed[static_cast<size_t>((b * d.Hp + h / G) * d.S + i)];
+          const bool differ =
+              std::memcmp(&got.lse[row], &key_outer.lse[row], sizeof(float)) != 0 ||
+              !std::equal(got.out.v.begin() + static_cast<int64_t>(row) * d.D,
+                          got.out.v.begin() + static_cast<int64_t>(row + 1) * d.D,
+                          key_outer.out.v.begin() + static_cast<int64_t>(row) * d.D);
+          listed_count += in_tile;
+          (in_tile ? listed_differ : other_differ) += differ;
+        }
+    EXPECT_GT(listed_count, 0) << "no tile of per-block selections";
+    EXPECT_LT(listed_count, d.B * d.H * d.S) << "no tile of per-token selections";
+    EXPECT_GT(listed_differ, 0) << "the listed rows took the key-outer path";
+    EXPECT_EQ(other_differ, 0) << "rows outside the listed tiles changed";
+    std::printf("[ tiles ] %lld of %lld rows listed, %lld of them with other bits than key-outer\n",
+                (long long)listed_count, (long long)(d.B * d.H * d.S), (long long)listed_differ);
+  }
+}
+
+// Ragged S (a partial last tile), packed documents that cut tiles (those take the per-token
+// path where their queries see different blocks), K above the blocks of the first tiles, G in
+// {1, 4, 64}, several proxy heads per kv head and per proxy key head, token-major views.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaForwardTiles,
+    ::testing::Values(
+        ShapeCase{
+            "B2_S1100_G4_Hp4_docs",
+            {.B = 2, .S = 1100, .H = 16, .Hk = 4, .Hp = 4, .Hpk = 1, .D = 128, .Dp = 128, .K = 4},
+            {300, 301, 1500}},
+        ShapeCase{
+            "S700_G64_token_major",
+            {.B = 1, .S = 700, .H = 64, .Hk = 1, .Hp = 1, .Hpk = 1, .D = 128, .Dp = 128, .K = 3},
+            {},
+            Layout::kTokenMajor},
+        ShapeCase{
+            "S900_G1_Hpk2_K5",
+            {.B = 1, .S = 900, .H = 4, .Hk = 2, .Hp = 4, .Hpk = 2, .D = 128, .Dp = 128, .K = 5}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 // ---- golden cases (float64 reference on bf16-representable inputs) ----
 
 std::string read_text(const std::string& path) {
@@ -432,30 +567,39 @@ TEST_F(CudaForwardPerf, DISABLED_PaperShape) {
   cfg.d = {.B = 1, .S = S, .H = H, .Hk = Hk, .Hp = Hp, .Hpk = 1, .D = D, .Dp = D, .K = K};
   cfg.dtype = DType::kBFloat16;
   // Each query: its own block plus 15 random distinct earlier blocks (all of them if fewer),
-  // ascending, then -1.
+  // ascending, then -1; drawn per query (per_block false) or once per 128-query block and
+  // proxy head (true: the tile path's selections, FlexAttention's block mask).
   std::mt19937 rng(7);
-  std::vector<int32_t> indices(static_cast<size_t>(Hp * S * K), -1);
   double attended = 0;  // keys attended per (query, proxy head), summed
-  std::vector<int32_t> pool;
-  for (int64_t p = 0; p < Hp; ++p)
-    for (int64_t i = 0; i < S; ++i) {
-      const int32_t own = static_cast<int32_t>(i / kBlockSize);
-      pool.resize(static_cast<size_t>(own));
-      for (int32_t n = 0; n < own; ++n) pool[static_cast<size_t>(n)] = n;
-      const int32_t take = std::min<int32_t>(own, static_cast<int32_t>(K - 1));
-      for (int32_t x = 0; x < take; ++x)
-        std::swap(pool[static_cast<size_t>(x)],
-                  pool[static_cast<size_t>(x + rng() % static_cast<uint32_t>(own - x))]);
-      std::vector<int32_t> sel(pool.begin(), pool.begin() + take);
-      sel.push_back(own);
-      std::sort(sel.begin(), sel.end());
-      std::copy(sel.begin(), sel.end(), indices.begin() + (p * S + i) * K);
-      attended += double(take) * kBlockSize + double(i % kBlockSize + 1);
-    }
+  auto draw = [&](bool per_block) {
+    std::vector<int32_t> indices(static_cast<size_t>(Hp * S * K), -1);
+    std::vector<int32_t> pool, sel;
+    attended = 0;
+    for (int64_t p = 0; p < Hp; ++p)
+      for (int64_t i = 0; i < S; ++i) {
+        const int32_t own = static_cast<int32_t>(i / kBlockSize);
+        const int32_t take = std::min<int32_t>(own, static_cast<int32_t>(K - 1));
+        if (!per_block || i % kBlockSize == 0) {
+          pool.resize(static_cast<size_t>(own));
+          for (int32_t n = 0; n < own; ++n) pool[static_cast<size_t>(n)] = n;
+          for (int32_t x = 0; x < take; ++x)
+            std::swap(pool[static_cast<size_t>(x)],
+                      pool[static_cast<size_t>(x + rng() % static_cast<uint32_t>(own - x))]);
+          sel.assign(pool.begin(), pool.begin() + take);
+          sel.push_back(own);
+          std::sort(sel.begin(), sel.end());
+        }
+        std::copy(sel.begin(), sel.end(), indices.begin() + (p * S + i) * K);
+        attended += double(take) * kBlockSize + double(i % kBlockSize + 1);
+      }
+    return indices;
+  };
+  const std::vector<int32_t> indices = draw(false), blocked = draw(true);
   const size_t q_bytes = size_t(H * S * D) * 2, kv_bytes = size_t(Hk * S * D) * 2;
   DeviceMemory dq(q_bytes), dk(kv_bytes), dv(kv_bytes), dout(q_bytes);
   DeviceMemory dqp(size_t(Hp * S * D) * 2), dkp(size_t(S * D) * 2);
   DeviceMemory didx(indices.data(), indices.size() * sizeof(int32_t));
+  DeviceMemory dblocked(blocked.data(), blocked.size() * sizeof(int32_t));
   DeviceMemory dlse(size_t(H * S) * 4), dlsep(size_t(Hp * S) * 4), dkl(4);
   // Random bf16 bits in a safe range: sign, exponent 125..127, random mantissa (|x| in [0.25, 2)),
   // a 1M-element random pattern repeated.
@@ -485,7 +629,9 @@ TEST_F(CudaForwardPerf, DISABLED_PaperShape) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  for (bool with_kl : {false, true}) {
+  for (const auto& [per_block, with_kl] : {std::pair{false, false}, std::pair{false, true},
+                                           std::pair{true, false}, std::pair{true, true}}) {
+    params.indices = static_cast<const int32_t*>(per_block ? dblocked.get() : didx.get());
     params.kl = with_kl ? static_cast<float*>(dkl.get()) : nullptr;
     std::vector<float> ms;
     for (int rep = 0; rep < 12; ++rep) {
@@ -501,9 +647,10 @@ TEST_F(CudaForwardPerf, DISABLED_PaperShape) {
     std::sort(ms.begin(), ms.end());
     const float median = ms[ms.size() / 2];
     std::printf(
-        "[ perf ] sparse_forward S=%lld H=%lld D=%lld K=%lld bf16 kl=%s: %.3f ms, "
+        "[ perf ] sparse_forward S=%lld H=%lld D=%lld K=%lld bf16 %s kl=%s: %.3f ms, "
         "%.1f TFLOP/s (4*H*D*keys)\n",
-        (long long)S, (long long)H, (long long)D, (long long)K, with_kl ? "on" : "off", median,
+        (long long)S, (long long)H, (long long)D, (long long)K,
+        per_block ? "per-block selections" : "per-token selections", with_kl ? "on" : "off", median,
         flops / (median * 1e-3) / 1e12);
   }
   cudaEventDestroy(start);

@@ -7,6 +7,14 @@
 // kHopper, which with Dp = 128 also computes the proxy lse partials), the proxy kernel's lse
 // partials otherwise, and the merge (passes/); with the KL value also the teacher rows, the
 // proxy kernel's KL terms and their per-row sums, and finally the fixed-order reduction.
+//
+// The tile path (Hopper, Dp = 128, without the KL value): query tiles of 128 positions whose
+// queries all selected the same blocks (schedule::Tiles; a selection made per query block, and
+// the first tiles, whose queries select every visible block) run query-outer on warmup/sm90's
+// dense forward over their blocks, which writes their out, lse and lse_proxy directly; their
+// tokens get no edges, so the key-outer kernels and the merge skip them. It needs no partials
+// and no merge for those tokens. The KL value's teacher pass walks the edges, so a call asking
+// for the value keeps every token key-outer.
 #include <cstdint>
 
 #include "cuda/forward/portable/sparse_portable.h"
@@ -17,6 +25,7 @@
 #include "cuda/host/plan.h"
 #include "cuda/passes/passes.h"
 #include "cuda/proxy/portable/proxy_portable.h"
+#include "cuda/warmup/sm90/warmup_sm90.h"
 #include "cuda/warmup/warmup.h"
 #include "flash_msa/cuda.h"
 
@@ -27,6 +36,7 @@ namespace {
 struct Buffers {
   void* index;
   void* items;
+  void* tiles;
   float* kl_rows;     // [B, Hp, Sq] (KL only)
   void* o_part;       // [chunk edges, G, D] dtype
   float* lse_part;    // [chunk edges, G]
@@ -38,13 +48,14 @@ struct Buffers {
 // The layout function of SparsePlan; `out` (may be null) receives the arrays.
 auto layout(const Problem& pr, bool kl, Buffers* out = nullptr) {
   return [&pr, kl, out](int64_t chunk, Carver& c) {
-    const schedule::Shape shape{pr.batch, pr.seqlen,      pr.proxy_heads,
+    const schedule::Shape shape{pr.batch, pr.seqlen,       pr.proxy_heads,
                                 pr.top_k, pr.query_offset, pr.queries()};
     const int64_t edges = pr.batch * pr.proxy_heads * chunk * pr.top_k;
     const int64_t group = pr.heads / pr.proxy_heads;
     Buffers b{};
     b.index = c.take_bytes(schedule::index_workspace_bytes(shape));
     b.items = c.take_bytes(schedule::items_workspace_bytes(shape));
+    b.tiles = c.take_bytes(schedule::tiles_workspace_bytes(shape));
     b.kl_rows = c.take<float>(kl ? pr.batch * pr.proxy_heads * pr.queries() : 0);
     b.o_part = c.take<uint16_t>(edges * group * pr.head_dim);
     b.lse_part = c.take<float>(edges * group);
@@ -76,8 +87,12 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
   plan.carve(workspace.data, layout(pr, kl, &ws));
   const KernelShape& shape = plan.shape();
   const bool hopper = sparse_kernels(pr) == Kernels::kHopper;
-  const schedule::Index index = schedule::build_index(plan.schedule_shape(), params.indices,
-                                                      pr.cu_seqlens, pr.num_docs, ws.index, stream);
+  // hopper holds only where D = 128; the tile path's kernel also needs Dp = 128.
+  const bool tile_path = hopper && pr.proxy_head_dim == 128 && !kl;
+  schedule::Tiles tiles{};
+  const schedule::Index index =
+      schedule::build_index(plan.schedule_shape(), params.indices, pr.cu_seqlens, pr.num_docs,
+                            ws.index, stream, tile_path ? ws.tiles : nullptr, &tiles);
   plan.for_each_chunk(
       index, ws.items, stream, [&](const Chunk& chunk, const schedule::Items& items) {
         portable::SparseForwardParams fp{
@@ -116,6 +131,7 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
             .kl_rows = ws.kl_rows,
             .indices = params.indices,
             .doc_start = index.doc_start,
+            .tile_count = tiles.count,
             .shape = shape,
             .chunk = chunk,
         };
@@ -149,8 +165,25 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
               passes::launch_kl_rows(mp, stream);
             });
       });
-  if (kl)
-    passes::launch_kl_reduce(ws.kl_rows, plan.shape(), stats32(params.kl), stream);
+  if (kl) passes::launch_kl_reduce(ws.kl_rows, plan.shape(), stats32(params.kl), stream);
+  if (tile_path) {
+    const sm90::DenseForwardParams tp{
+        .q = params.q,
+        .k = params.k,
+        .v = params.v,
+        .qp = params.qp,
+        .kp = params.kp,
+        .out = params.out,
+        .lse = stats32(params.lse),
+        .lse_proxy = stats32(params.lse_proxy),
+        .doc_start = index.doc_start,
+        .tiles = tiles,
+        .shape = shape,
+    };
+    dispatch_attention(pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
+      sm90::launch_dense_forward<T>(tp, stream);
+    });
+  }
 }
 
 }  // namespace flash_msa::cuda

@@ -2,7 +2,8 @@
 //   lse = log sum_n exp(lse_n),  out = sum_n exp(lse_n - lse) o_n,
 // over the valid slots of its index row in slot order (so the result does not depend on how
 // the schedule ordered the work), and the proxy head's lse_proxy likewise from the proxy
-// branch's per-block partials. One thread per 8 output columns; memory-bound.
+// branch's per-block partials. One thread per 8 output columns; memory-bound. The rows of the
+// tile path's tiles (schedule::Tiles) are left as the tile path wrote them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -109,9 +110,13 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
             head = static_cast<int>(bp % p.shape.proxy_heads) * p.shape.group + g;
   const int i = p.chunk.begin + t;
 
-  const uint64_t slots = valid_slots<kChunks>(
-      p.indices + p.shape.query_row(bp, i) * p.shape.top_k, p.shape.top_k, i / 128,
-      __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128, chunk);
+  // The rows of the tile path's tiles have their results already (no partials).
+  const bool listed = p.tile_count && __ldg(p.tile_count + bp * p.shape.num_blocks + i / 128) > 0;
+  const uint64_t slots =
+      valid_slots<kChunks>(p.indices + p.shape.query_row(bp, i) * p.shape.top_k, p.shape.top_k,
+                           i / 128, __ldg(p.doc_start + int64_t(b) * p.shape.seqlen + i) / 128,
+                           chunk) &
+      (listed ? 0 : ~uint64_t(0));
   const int64_t ce0 = (bp * p.chunk.tokens + t) * p.shape.top_k;  // chunk-local edge of slot 0
   float w[64 / kChunks], v_proxy[64 / kChunks];
   const float lse2 =
@@ -142,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams p) {
       }
     }
   }
-  if (!live) return;
+  if (!live || listed) return;
   T* out = static_cast<T*>(p.out.data) + b * p.out.stride_b + head * p.out.stride_h +
            p.shape.query_at(i) * p.out.stride_s + fragment_column(chunk);
 #pragma unroll

@@ -21,16 +21,18 @@ namespace flash_msa::cuda::passes {
 // Combines the partials of each token of a chunk (SPEC section 2): out, lse, and lse_proxy
 // from the proxy branch's partials; launch_kl_rows sums a row's KL terms.
 struct MergeParams {
-  MutView out;               // [B, H, Sq, D] strided
-  float* lse;                // [B, H, Sq] contiguous, natural log
-  float* lse_proxy;          // [B, Hp, Sq] contiguous, natural log
-  const void* o_part;        // [chunk edges, G, D] dtype (portable::SparseForwardParams)
-  const float* lse_part;     // [chunk edges, G] log2 domain
-  const float* lse_p_part;   // [chunk edges] log2 domain, the proxy branch's
-  const float* kl_part;      // [chunk edges] KL terms of the block (launch_kl_rows only)
-  float* kl_rows;            // [B, Hp, Sq] KL term of each query row (launch_kl_rows only)
-  const int32_t* indices;    // [B, Hp, Sq, K] contiguous
-  const int32_t* doc_start;  // [B * S]
+  MutView out;                // [B, H, Sq, D] strided
+  float* lse;                 // [B, H, Sq] contiguous, natural log
+  float* lse_proxy;           // [B, Hp, Sq] contiguous, natural log
+  const void* o_part;         // [chunk edges, G, D] dtype (portable::SparseForwardParams)
+  const float* lse_part;      // [chunk edges, G] log2 domain
+  const float* lse_p_part;    // [chunk edges] log2 domain, the proxy branch's
+  const float* kl_part;       // [chunk edges] KL terms of the block (launch_kl_rows only)
+  float* kl_rows;             // [B, Hp, Sq] KL term of each query row (launch_kl_rows only)
+  const int32_t* indices;     // [B, Hp, Sq, K] contiguous
+  const int32_t* doc_start;   // [B * S]
+  const int32_t* tile_count;  // [B * Hp * NB] schedule::Tiles::count: rows of listed tiles are
+                              // skipped; null without the tile path
   KernelShape shape;
   Chunk chunk;
 };
@@ -94,7 +96,7 @@ struct KeysStoreParams {
   MutView dst;       // [B, out_heads, tokens, width] strided
   float scale;
   int out_heads, width;
-  int tokens;  // rows per head: S for key rows, Sq for query rows
+  int tokens;     // rows per head: S for key rows, Sq for query rows
   bool permuted;  // acc rows permuted as the dense Hopper backward's: column c of row j at
                   // c ^ 8 (j % 8)
   KernelShape shape;

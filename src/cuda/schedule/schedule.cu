@@ -65,6 +65,25 @@ IndexArrays index_arrays(const Shape& shape, void* workspace) {
   return a;
 }
 
+struct TileArrays {
+  int32_t* blocks;
+  int32_t* count;
+  int32_t* listed;
+  int32_t* listed_count;
+  size_t total;
+};
+
+TileArrays tile_arrays(const Shape& shape, void* workspace) {
+  Carver c(workspace);
+  TileArrays a{};
+  a.blocks = c.take<int32_t>(shape.buckets() * shape.top_k);
+  a.count = c.take<int32_t>(shape.buckets());
+  a.listed = c.take<int32_t>(shape.buckets());
+  a.listed_count = c.take<int32_t>(1);
+  a.total = c.used();
+  return a;
+}
+
 struct ItemArrays {
   int32_t* item_count;
   int32_t* item_begin;
@@ -108,10 +127,60 @@ __global__ void doc_start_kernel(const int32_t* __restrict__ cu_seqlens, int num
   doc_start[t] = start;
 }
 
+// One CTA of 128 threads per tile bp * NB + n that holds queries of the call (Tiles): thread r
+// compares the valid blocks of the query at position 128 n + r with those of the tile's first
+// query; when all agree, thread 0 lists the tile.
+__global__ void __launch_bounds__(128)
+    tiles_kernel(const int32_t* __restrict__ indices, const int32_t* __restrict__ doc_start,
+                 int seqlen, int query_offset, int queries, int proxy_heads, int top_k,
+                 int num_blocks, int first_tile, int tiles, int32_t* __restrict__ blocks,
+                 int32_t* __restrict__ count, int32_t* __restrict__ listed,
+                 int32_t* __restrict__ listed_count) {
+  const int bp = static_cast<int>(blockIdx.x / unsigned(tiles));
+  const int n = first_tile + static_cast<int>(blockIdx.x % unsigned(tiles));
+  const int b = bp / proxy_heads;
+  // The positions of the tile's queries: [lo, hi), never empty.
+  const int lo = max(n * 128, query_offset);
+  const int hi = min(min(n * 128 + 128, seqlen), query_offset + queries);
+  auto row_of = [&](int position) {
+    return indices + (int64_t(bp) * queries + position - query_offset) * top_k;
+  };
+  auto slots_of = [&](int position) {
+    return valid_slots(row_of(position), top_k, n,
+                       __ldg(doc_start + int64_t(b) * seqlen + position) / 128);
+  };
+  const int position = n * 128 + static_cast<int>(threadIdx.x);
+  const uint64_t first = slots_of(lo);
+  bool same = true;
+  if (position > lo && position < hi) {
+    uint64_t mine = slots_of(position), theirs = first;
+    const int32_t *a = row_of(position), *f = row_of(lo);
+    same = __popcll(mine) == __popcll(theirs);
+    while (same && mine != 0) {
+      same = __ldg(a + __ffsll(mine) - 1) == __ldg(f + __ffsll(theirs) - 1);
+      mine &= mine - 1;
+      theirs &= theirs - 1;
+    }
+  }
+  same = __syncthreads_and(same);
+  if (threadIdx.x != 0) return;
+  const int tile = bp * num_blocks + n;
+  const uint64_t slots = same ? first : 0;
+  count[tile] = __popcll(slots);
+  if (slots == 0) return;
+  const int32_t* f = row_of(lo);
+  int x = 0;
+  for (uint64_t rest = slots; rest != 0; rest &= rest - 1)
+    blocks[int64_t(tile) * top_k + x++] = __ldg(f + __ffsll(rest) - 1);
+  listed[atomicAdd(listed_count, 1)] = tile;
+}
+
 // One thread per index row (b, p, query): its K sort keys and the bucket counts. Entries hold
-// the query's position `token` (query_offset + its index).
+// the query's position `token` (query_offset + its index). tile_count (Tiles::count, or null):
+// the queries of listed tiles get no edges.
 __global__ void edges_kernel(const int32_t* __restrict__ indices,
-                             const int32_t* __restrict__ doc_start, int64_t rows, int seqlen,
+                             const int32_t* __restrict__ doc_start,
+                             const int32_t* __restrict__ tile_count, int64_t rows, int seqlen,
                              int query_offset, int queries, int proxy_heads, int top_k,
                              int num_blocks, uint64_t* __restrict__ keys,
                              int32_t* __restrict__ bucket_count) {
@@ -121,8 +190,10 @@ __global__ void edges_kernel(const int32_t* __restrict__ indices,
   const int64_t bp = row / queries;
   const int b = static_cast<int>(bp / proxy_heads);
   const int32_t* idx = indices + row * top_k;
-  const uint64_t mask =
-      valid_slots(idx, top_k, token / 128, __ldg(doc_start + int64_t(b) * seqlen + token) / 128);
+  const bool listed = tile_count && __ldg(tile_count + bp * num_blocks + token / 128) > 0;
+  const uint64_t mask = listed ? 0
+                               : valid_slots(idx, top_k, token / 128,
+                                             __ldg(doc_start + int64_t(b) * seqlen + token) / 128);
   for (int k = 0; k < top_k; ++k) {
     uint64_t key = kInvalidEntry;
     if ((mask >> k) & 1) {
@@ -172,6 +243,7 @@ unsigned grid_of(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / 
 
 size_t index_workspace_bytes(const Shape& shape) { return index_arrays(shape, nullptr).total; }
 size_t items_workspace_bytes(const Shape& shape) { return item_arrays(shape, nullptr).total; }
+size_t tiles_workspace_bytes(const Shape& shape) { return tile_arrays(shape, nullptr).total; }
 
 int64_t max_items(const Shape& shape, int64_t chunk_tokens) {
   // Each bucket adds at most one partial item.
@@ -188,13 +260,31 @@ void launch_doc_start(const int32_t* cu_seqlens, int64_t num_docs, int64_t batch
 }
 
 Index build_index(const Shape& shape, const int32_t* indices, const int32_t* cu_seqlens,
-                  int64_t num_docs, void* workspace, cudaStream_t stream) {
+                  int64_t num_docs, void* workspace, cudaStream_t stream, void* tiles_workspace,
+                  Tiles* tiles) {
   const IndexArrays a = index_arrays(shape, workspace);
   launch_doc_start(cu_seqlens, num_docs, shape.batch, shape.seqlen, a.doc_start, stream);
+  const int32_t* tile_count = nullptr;
+  if (tiles_workspace) {
+    const TileArrays t = tile_arrays(shape, tiles_workspace);
+    FLASH_MSA_CUDA_CHECK(cudaMemsetAsync(t.listed_count, 0, sizeof(int32_t), stream));
+    const int64_t first_tile = shape.query_offset / 128;
+    const int64_t query_tiles = (shape.query_offset + shape.queries - 1) / 128 - first_tile + 1;
+    tiles_kernel<<<static_cast<unsigned>(shape.batch * shape.proxy_heads * query_tiles), 128, 0,
+                   stream>>>(indices, a.doc_start, static_cast<int>(shape.seqlen),
+                             static_cast<int>(shape.query_offset), static_cast<int>(shape.queries),
+                             static_cast<int>(shape.proxy_heads), static_cast<int>(shape.top_k),
+                             static_cast<int>(shape.num_blocks()), static_cast<int>(first_tile),
+                             static_cast<int>(query_tiles), t.blocks, t.count, t.listed,
+                             t.listed_count);
+    FLASH_MSA_CHECK_LAUNCH();
+    tile_count = t.count;
+    *tiles = {t.blocks, t.count, t.listed, t.listed_count};
+  }
   FLASH_MSA_CUDA_CHECK(cudaMemsetAsync(
       a.bucket_count, 0, static_cast<size_t>(shape.buckets() + 1) * sizeof(int32_t), stream));
   edges_kernel<<<grid_of(shape.rows()), kThreads, 0, stream>>>(
-      indices, a.doc_start, shape.rows(), static_cast<int>(shape.seqlen),
+      indices, a.doc_start, tile_count, shape.rows(), static_cast<int>(shape.seqlen),
       static_cast<int>(shape.query_offset), static_cast<int>(shape.queries),
       static_cast<int>(shape.proxy_heads), static_cast<int>(shape.top_k),
       static_cast<int>(shape.num_blocks()), a.keys_in, a.bucket_count);

@@ -16,6 +16,11 @@
 // softmax runs under the other's products. The query tiles go out longest first (the last
 // queries see the most keys), so the short ones fill the tail.
 //
+// The same kernel is the sparse forward's tile path (forward/forward.cu): given the listed tiles
+// of schedule::Tiles (128 query positions of key block n whose queries all selected the same
+// blocks), CTA i (G + 1) + s takes listed tile i for main head p G + s (s < G) or proxy head p
+// (s = G) and walks the tile's blocks instead of every visible one; the mask is the same.
+//
 // The forward's KL value is not computed here: the backward's pass has the teacher at hand and
 // gives it (warmup/warmup.cu runs the portable forward when a caller asks for it in the forward).
 #pragma once
@@ -70,9 +75,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ BufferRing<kStages, kWarpgroups> ring;  // the key blocks
   unsigned char* smem = align_1024(smem_raw);
   const KernelShape& sh = p.shape;
-  const int tiles = (sh.queries + kTileRows - 1) / kTileRows;
-  const int q_begin = (tiles - 1 - static_cast<int>(blockIdx.x)) * kTileRows;
-  const int b = blockIdx.z, head = blockIdx.y;
+  // The CTA's query tile (query index q_begin: rows q_begin .. q_begin + 127, those of the call
+  // valid), its head (>= H: proxy head head - H) and batch row; its key blocks, first_block + j
+  // or list[j] for j < blocks.
+  int q_begin, b, head, first_block = 0, blocks;
+  const int32_t* list = nullptr;
+  if (p.tiles.blocks) {
+    const int slots = sh.group + 1;
+    const int i = static_cast<int>(blockIdx.x) / slots, slot = static_cast<int>(blockIdx.x) % slots;
+    if (i >= __ldg(p.tiles.listed_count)) return;
+    const int tile = __ldg(p.tiles.listed + i);
+    const int bp = tile / sh.num_blocks, n = tile % sh.num_blocks, ph = bp % sh.proxy_heads;
+    q_begin = n * kKeys - sh.query_offset;
+    b = bp / sh.proxy_heads;
+    head = slot < sh.group ? ph * sh.group + slot : sh.heads + ph;
+    list = p.tiles.blocks + int64_t(tile) * sh.top_k;
+    blocks = __ldg(p.tiles.count + tile);
+  } else {
+    const int tiles = (sh.queries + kTileRows - 1) / kTileRows;
+    q_begin = (tiles - 1 - static_cast<int>(blockIdx.x)) * kTileRows;
+    b = blockIdx.z;
+    head = blockIdx.y;
+  }
   const bool proxy = head >= sh.heads;  // CTA-uniform
   const int wg = warpgroup_index(), wt = threadIdx.x % 128;
   const int warp = wt / 32, lane = threadIdx.x % 32;
@@ -85,16 +109,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t* doc_start = p.doc_start ? p.doc_start + int64_t(b) * sh.seqlen : nullptr;
   auto doc_of = [&](int position) { return doc_start ? __ldg(doc_start + position) : 0; };
 
-  const int q_last = min(q_begin + kTileRows, sh.queries) - 1;
-  const int first_block = doc_of(sh.query_offset + q_begin) / kKeys;
-  const int last_block = (sh.query_offset + q_last) / kKeys;
-  const int blocks = last_block - first_block + 1;  // blocks first_block + j, j < blocks
+  if (!list) {
+    const int q_last = min(q_begin + kTileRows, sh.queries) - 1;
+    first_block = doc_of(sh.query_offset + q_begin) / kKeys;
+    blocks = (sh.query_offset + q_last) / kKeys - first_block + 1;
+  }
+  auto block_of = [&](int j) { return list ? __ldg(list + j) : first_block + j; };
 
-  // Block first_block + j into buffer j % kStages (one thread): K (Kp) and, for a main head, V;
-  // keys past the sequence zero-filled.
+  // Block j into buffer j % kStages (one thread): K (Kp) and, for a main head, V; keys past the
+  // sequence zero-filled.
   const CUtensorMap& k_map = proxy ? params.kp : params.k;
   auto load_block = [&](int j) {
-    const int st = j % kStages, key0 = (first_block + j) * kKeys;
+    const int st = j % kStages, key0 = block_of(j) * kKeys;
     mbarrier_arrive_expect_tx(ring.bar(j), (proxy ? 1 : 2) * Smem::kKvTile);
 #pragma unroll
     for (int panel = 0; panel < kD / 64; ++panel) {
@@ -121,21 +147,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       s_q,
       [&](int r, bool& valid) {
         const int qi = q_begin + kRows * wg + r;
-        valid = qi < sh.queries;
-        return q + min(qi, sh.queries - 1) * qv.stride_s;
+        valid = qi >= 0 && qi < sh.queries;
+        return q + min(max(qi, 0), sh.queries - 1) * qv.stride_s;
       },
       wt);
   cp_async_commit();
 
-  // This lane's rows 16 warp + 8 h + lane / 4 of the warpgroup's tile: query index, position
-  // and document start (rows past the queries see nothing).
+  // This lane's rows 16 warp + 8 h + lane / 4 of the warpgroup's tile: query index, whether
+  // the call has it, position and document start (rows that are no query see nothing).
   int qi[2], position[2], first[2];
+  bool row_in[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     qi[h] = q_begin + kRows * wg + 16 * warp + 8 * h + lane / 4;
-    position[h] = sh.query_offset + min(qi[h], sh.queries - 1);
-    first[h] = qi[h] < sh.queries ? doc_of(position[h]) : INT_MAX;
-    if (qi[h] >= sh.queries) position[h] = INT_MIN;
+    row_in[h] = qi[h] >= 0 && qi[h] < sh.queries;
+    position[h] = sh.query_offset + min(max(qi[h], 0), sh.queries - 1);
+    first[h] = row_in[h] ? doc_of(position[h]) : INT_MAX;
+    if (!row_in[h]) position[h] = INT_MIN;
   }
 
   const uint64_t q_desc = sw128_desc(smem_addr(s_q), 16, 1024);
@@ -154,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // O += P V of block j (P in a), one commit group.
   auto issue_values = [&](float(&o)[2][32], const uint32_t(&a)[kKeys / 16][4], int j) {
-    const uint64_t v_desc = sw128_desc(
-        smem_addr(smem + Smem::kV + (j % kStages) * Smem::kKvTile), kKeys * 128, 1024);
+    const uint64_t v_desc =
+        sw128_desc(smem_addr(smem + Smem::kV + (j % kStages) * Smem::kKvTile), kKeys * 128, 1024);
     wgmma_fence();
 #pragma unroll
     for (int panel = 0; panel < 2; ++panel)
@@ -174,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int col0 = (first_block + j) * kKeys + 2 * (lane % 4);
+      const int col0 = block_of(j) * kKeys + 2 * (lane % 4);
       lo[h] = first[h] == INT_MAX ? INT_MAX : first[h] - col0;
       hi[h] = position[h] == INT_MIN ? INT_MIN : position[h] - col0;
     }
@@ -282,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_sum(l[h]);
-    if (qi[h] >= sh.queries) continue;
+    if (!row_in[h]) continue;
     const int bh = b * (proxy ? sh.proxy_heads : sh.heads) + q_head;
     const float lse = sum > 0.f ? (m[h] + fast_log2(sum)) * kLn2 : -INFINITY;
     if (lane % 4 == 0) (proxy ? p.lse_proxy : p.lse)[sh.query_row(bh, position[h])] = lse;
@@ -311,12 +339,17 @@ void launch_dense_forward(const DenseForwardParams& params, cudaStream_t stream)
   using namespace dense_forward;
   const auto& sh = params.shape;
   const int hk = sh.heads / sh.kv_group, hpk = sh.proxy_heads / sh.proxy_group;
-  const ForwardParams launch{
-      .p = params,
-      .k = panel_map("k", params.k, 2, sh.batch, hk, sh.seqlen, kD),
-      .v = panel_map("v", params.v, 2, sh.batch, hk, sh.seqlen, kD),
-      .kp = panel_map("kp", params.kp, 2, sh.batch, hpk, sh.seqlen, kD)};
-  const dim3 grid((sh.queries + kTileRows - 1) / kTileRows, sh.heads + sh.proxy_heads, sh.batch);
+  const ForwardParams launch{.p = params,
+                             .k = panel_map("k", params.k, 2, sh.batch, hk, sh.seqlen, kD),
+                             .v = panel_map("v", params.v, 2, sh.batch, hk, sh.seqlen, kD),
+                             .kp = panel_map("kp", params.kp, 2, sh.batch, hpk, sh.seqlen, kD)};
+  // The tile path: every tile of the queries might be listed, each for G + 1 heads.
+  const int query_tiles = (sh.query_offset + sh.queries - 1) / kKeys - sh.query_offset / kKeys + 1;
+  const dim3 grid =
+      params.tiles.blocks
+          ? dim3(static_cast<unsigned>(int64_t(sh.batch) * sh.proxy_heads * query_tiles *
+                                       (sh.group + 1)))
+          : dim3((sh.queries + kTileRows - 1) / kTileRows, sh.heads + sh.proxy_heads, sh.batch);
   FLASH_MSA_CUDA_CHECK(cudaFuncSetAttribute(
       forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedMemory::kBytes));
   forward_kernel<T><<<grid, kThreads, SharedMemory::kBytes, stream>>>(launch);

@@ -2,7 +2,8 @@
 // D = Dp = 128, any G: the forward (forward_kernel.cuh: out, lse and the proxy lse, query-outer)
 // and the backward (backward_kernel.cuh: the main gradients, the teacher, the KL terms and the
 // proxy gradients in one key-outer pass), instantiated per dtype (forward.cu, backward.cu). The
-// host entry (warmup/warmup.cu) launches them where warmup_kernels() says kHopper.
+// host entry (warmup/warmup.cu) launches them where warmup_kernels() says kHopper; the sparse
+// forward (forward/forward.cu) launches the forward for its tile path over listed blocks.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 
 #include "cuda/common/shape.h"
 #include "cuda/host/impl.h"
+#include "cuda/schedule/schedule.h"
 #include "flash_msa/msa.h"
 
 namespace flash_msa::cuda::sm90 {
@@ -28,6 +30,9 @@ struct DenseForwardParams {
   float* lse;                // [B, H, Sq] contiguous, natural log
   float* lse_proxy;          // [B, Hp, Sq] contiguous, natural log
   const int32_t* doc_start;  // [B * S] first token of each token's document; null: one per row
+  schedule::Tiles tiles;     // the sparse forward's tile path: the listed tiles, each walking
+                             // its blocks (top_k of the shape: their row length); all null in
+                             // warmup (every visible block)
   KernelShape shape;
 };
 
