@@ -32,6 +32,10 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
 // max_chunk_tokens > 0 sizes chunks of at most that many tokens per batch row instead (rounded
 // down to a multiple of 128, at least 128), trading speed for memory. Results do not depend on
 // the chunking, except the order of the fp32 sums of dk, dv, dkp over chunks.
+// On the Hopper kernels with Dp = 128 and without the KL value (params.kl null), the sparse
+// forward runs the query tiles of 128 positions whose queries all selected the same blocks
+// query-outer (docs/design.md, the tile path); a forward with the value runs every query
+// key-outer, so its out and lse equal those of one without it up to rounding.
 size_t forward_workspace_bytes(const ForwardParams& params, bool warmup,
                                int64_t max_chunk_tokens = 0);
 void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream_t stream);

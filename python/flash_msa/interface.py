@@ -346,7 +346,10 @@ def flash_msa_func(
       rounding.
     - ``compute_kl=True``: kl_loss holds the value right after the forward, which then makes an
       extra pass over the selected blocks (about half a forward; docs/python.md).
-    By default (``compute_kl=False``) kl_loss is 0 in value, as Flash-MSA's placeholder.
+    By default (``compute_kl=False``) kl_loss is 0 in value, as Flash-MSA's placeholder. out
+    and the gradients are bitwise the same with ``kl_out`` as without; with ``compute_kl=True``
+    they can differ by rounding (on H100/H200 at D = Dp = 128 the forward then runs other
+    kernels; docs/python.md).
 
     ``select_dtype=torch.float8_e4m3fn`` ranks the blocks on FP8 scores (see
     :func:`select_blocks`); attention, KL and gradients stay in the inputs' dtype.
