@@ -175,6 +175,31 @@ def fp8_section(res):
     return out
 
 
+def flash_msa_peer_table(shapes):
+    """Markdown lines of bench/flash_msa_peer.py's comparison: the step through Flash-MSA's
+    documented call, first step, memory growth, reproducibility and the selection."""
+    lines = ["| shape | flash-msa step | Flash-MSA 0.1.1 step | speedup | first step (s) | "
+             "memory growth (GB) | bitwise reproducible | rows with the same blocks |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in shapes:
+        ours, peer = c["flash_msa"], c["flash_msa_0_1_1"]
+        if "step_ms" not in ours or "step_ms" not in peer:
+            lines.append(f"| {c['name']} | {ours.get('error', '')} | {peer.get('error', '')} "
+                         "| | | | | |")
+            continue
+        same = c.get("selection", {}).get("rows_with_the_same_blocks")
+        lines.append(
+            f"| {c['name']} | {ours['step_ms']:.2f} ms | {peer['step_ms']:.2f} ms | "
+            f"{c['speedup']:.2f}x | {ours['first_step_s']} / {peer['first_step_s']} | "
+            f"{ours['memory_growth_gb']} / {peer['memory_growth_gb']} | "
+            f"{ours['bitwise_reproducible']} / {peer['bitwise_reproducible']} | "
+            f"{'' if same is None else f'{100 * same:.1f} %'} |")
+    lines += ["", "Pairs are flash-msa / Flash-MSA. Both through "
+              "`flash_msa_func(q_proxy, k_proxy, q, k, v, 2048, 128 ** -0.5)` and autograd, bf16, "
+              "on the same tensors in one process (bench/flash_msa_peer.py)."]
+    return lines
+
+
 def page(res, json_name, plots, note):
     env, ceil = res["environment"], res["ceilings"]
     heads = env["heads"]
@@ -281,6 +306,9 @@ def page(res, json_name, plots, note):
             "proxy branch's lse; its backward runs without the proxy gradient, as Flex has none.",
             "",
         ]
+    if res.get("flash_msa_0_1_1"):
+        out += ["## Against Flash-MSA 0.1.1 (PyPI)", ""] + flash_msa_peer_table(
+            res["flash_msa_0_1_1"]) + [""]
     gh = res.get("gh200_shape")
     if gh:
         hd = gh["heads"]

@@ -11,9 +11,11 @@ from .analysis import selection_stats
 from .interface import (
     BLOCK_SIZE,
     flash_msa_func,
+    flash_msa_func_warmup,
     flash_msa_warmup_func,
     select_blocks,
     sparse_attention,
+    sparse_attention_warmup,
 )
 from .modules import MSAAttention, apply_rope, set_warmup
 
@@ -28,10 +30,12 @@ __all__ = [
     "built_with_cuda",
     "distributed",
     "flash_msa_func",
+    "flash_msa_func_warmup",
     "flash_msa_warmup_func",
     "ops",
     "select_blocks",
     "selection_stats",
     "set_warmup",
     "sparse_attention",
+    "sparse_attention_warmup",
 ]

@@ -9,7 +9,11 @@ need a host sync).
 
 Every function takes its tensors and its selection (``top_k`` in tokens, ``top_k_blocks`` in
 blocks, or ``indices``) positionally; everything after them is keyword-only, in one order:
-``scale``, ``proxy_scale``, ``cu_seqlens``, then the flags.
+``scale``, ``proxy_scale``, ``cu_seqlens``, then the flags. Flash-MSA's own two functions,
+``flash_msa_func`` and ``flash_msa_warmup_func`` (also under Flash-MSA's other names
+``flash_msa_func_warmup`` and ``sparse_attention_warmup``), take ``scale`` positionally too, as
+the seventh argument, so that Flash-MSA's documented call runs unchanged
+(docs/from_flash_msa.md).
 """
 
 import math
@@ -320,8 +324,8 @@ def flash_msa_func(
     k: Tensor,
     v: Tensor,
     top_k: int,
-    *,
     scale: Optional[float] = None,
+    *,
     proxy_scale: Optional[float] = None,
     cu_seqlens: Optional[Tensor] = None,
     return_kl: bool = True,
@@ -372,8 +376,8 @@ def flash_msa_warmup_func(
     k: Tensor,
     v: Tensor,
     top_k: Optional[int] = None,
-    *,
     scale: Optional[float] = None,
+    *,
     proxy_scale: Optional[float] = None,
     cu_seqlens: Optional[Tensor] = None,
     return_kl: bool = True,
@@ -390,3 +394,8 @@ def flash_msa_warmup_func(
     out, kl = _attention(q_proxy, k_proxy, q, k, v, None, scale, proxy_scale, cu_seqlens,
                          compute_kl, kl_out, query_offset)
     return (out, kl) if return_kl else out
+
+
+# Flash-MSA exports its warmup function under these names too.
+flash_msa_func_warmup = flash_msa_warmup_func
+sparse_attention_warmup = flash_msa_warmup_func

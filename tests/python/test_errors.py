@@ -83,13 +83,14 @@ def test_bad_top_k_blocks(inputs, top_k_blocks):
 
 
 def test_arguments_after_the_selection_are_keyword_only(inputs):
-    """No positional value can land in the wrong one of scale, proxy_scale, cu_seqlens."""
+    """No positional value can land in the wrong one of scale, proxy_scale, cu_seqlens. Only
+    Flash-MSA's two functions take the scale positionally, seventh, as Flash-MSA does."""
     tensors = [inputs[n] for n in NAMES]
     indices = good_indices(inputs)
     with pytest.raises(TypeError):
-        flash_msa.flash_msa_func(*tensors, 256, 0.25)
+        flash_msa.flash_msa_func(*tensors, 256, 0.25, 0.25)
     with pytest.raises(TypeError):
-        flash_msa.flash_msa_warmup_func(*tensors, None, 0.25)
+        flash_msa.flash_msa_warmup_func(*tensors, None, 0.25, 0.25)
     with pytest.raises(TypeError):
         flash_msa.sparse_attention(*tensors, indices, 0.25)
     with pytest.raises(TypeError):

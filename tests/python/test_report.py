@@ -1,5 +1,7 @@
 """bench/report.py renders what a benchmark result holds (no GPU needed)."""
 
+import torch
+
 from conftest import import_bench
 
 
@@ -23,3 +25,25 @@ def test_warmup_section_compares_with_cudnn():
     assert "| S32K_docs_warmup |" in text and "no dense peer" in text
     assert "| S32K |" not in text and "S128K_warmup" not in text
     assert report.warmup_section(configs[2:]) == []
+
+
+def test_flash_msa_peer_table_pairs_both_libraries():
+    report = import_bench("report")
+    run = {"first_step_s": 0.05, "step_ms": 5.7, "memory_growth_gb": 3.3,
+           "bitwise_reproducible": True}
+    peer = {"first_step_s": 56.1, "step_ms": 41.5, "memory_growth_gb": 0.9,
+            "bitwise_reproducible": False}
+    shapes = [{"name": "gh200_16K", "flash_msa": run, "flash_msa_0_1_1": peer, "speedup": 7.28,
+               "selection": {"rows_with_the_same_blocks": 0.8412}},
+              {"name": "paper_128K", "flash_msa": run, "flash_msa_0_1_1": {"error": "OOM"}}]
+    text = "\n".join(report.flash_msa_peer_table(shapes))
+    assert ("| gh200_16K | 5.70 ms | 41.50 ms | 7.28x | 0.05 / 56.1 | 3.3 / 0.9 | True / False "
+            "| 84.1 % |") in text
+    assert "| paper_128K |  | OOM |" in text
+
+
+def test_flash_msa_selection_in_this_library_s_form():
+    peer = import_bench("flash_msa_peer")
+    theirs = torch.tensor([[[[2, 0, 1]], [[1, 0, 4]], [[0, 4, 4]]]], dtype=torch.int32)
+    want = torch.tensor([[[[0, 1, 2]], [[0, 1, -1]], [[0, -1, -1]]]], dtype=torch.int32)
+    assert torch.equal(peer.ascending(theirs, num_blocks=4), want)
