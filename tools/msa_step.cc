@@ -14,10 +14,13 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "common/host_data.h"  // dtype conversions and random values, shared with the tests
 #include "cpu/parallel.h"
@@ -221,6 +224,31 @@ flash_msa::MutView mview(const HostTensor& t, void* data) {
   return flash_msa::contiguous_view<void>(data, t.n1, t.n2, t.n3);
 }
 
+// Bytes of the step's host buffers (Step below): the 12 tensors, the indices and the statistics.
+double step_host_bytes(const Options& o, int64_t S) {
+  const double t = static_cast<double>(flash_msa::dtype_size(o.dtype)), rows = double(o.batch) * S;
+  const double main = rows * o.heads * o.head_dim, kv = rows * o.kv_heads * o.head_dim;
+  const double proxy = rows * (o.proxy_heads + o.proxy_kv_heads) * o.proxy_head_dim;
+  return t * (4 * main + 4 * kv + 2 * proxy) +
+         4.0 * rows * (o.proxy_heads * o.top_k_blocks + o.heads + o.proxy_heads);
+}
+
+std::string gib(double bytes) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.3g GiB", bytes / double(1ull << 30));
+  return buf;
+}
+
+// A problem too large for this machine is an error naming its size, before any allocation.
+void check_fits_host(const Options& o, int64_t S) {
+  const double need = step_host_bytes(o, S);
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  if (need > have)
+    throw flash_msa::Error("flash_msa: seqlen: expected a problem whose host buffers fit the " +
+                           gib(have) + " of host memory, got " + std::to_string(S) +
+                           " tokens needing " + gib(need));
+}
+
 struct Step {
   flash_msa::Problem problem;
   std::vector<int32_t> cu_seqlens;  // host copy; empty without packing
@@ -347,7 +375,14 @@ void run_cpu(Step& s, bool warmup) {
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) {
-    if (bytes > 0) MSA_STEP_CUDA(cudaMalloc(&ptr_, bytes));
+    if (bytes == 0) return;
+    if (cudaMalloc(&ptr_, bytes) == cudaSuccess) return;
+    cudaGetLastError();  // clear the allocation error
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    throw std::runtime_error("device memory: expected " + gib(double(bytes)) +
+                             " more to fit the device, got " + gib(double(free)) + " free of " +
+                             gib(double(total)));
   }
   DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_) { other.ptr_ = nullptr; }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -539,6 +574,7 @@ int run(const Options& o) {
   if (gpu && o.dtype == DType::kFloat32) throw UsageError("--dtype fp32: cpu only");
   const int64_t S = o.seqlen > 0 ? o.seqlen : (gpu ? 32768 : 8192);
   if (o.docs > S) throw UsageError("--docs: expected at most seqlen documents");
+  check_fits_host(o, S);
   Step s(o, S);
   // The CPU backward's sums over rows depend on the thread count (not on the run): its digests
   // compare between runs with the same FLASH_MSA_NUM_THREADS.
@@ -587,6 +623,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const flash_msa::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "msa_step: host memory: an allocation failed (the step's host buffers "
+                         "fit the machine's memory, but not what is free now)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "msa_step: %s\n", e.what());

@@ -156,7 +156,16 @@ struct BackwardParams {
   MutView dv;   // [B, Hk, S, D]
 };
 
+// Block indices made outside the library, checked by the rule validate_indices_values applies
+// (cuda::check_indices on the device). Of the problem only batch, seqlen, proxy_heads, top_k
+// (K), the query shard and the documents are read.
+struct CheckIndicesParams {
+  Problem problem;
+  const int32_t* indices = nullptr;  // [B, Hp, Sq, K] contiguous
+};
+
 // Validation shared by every backend; each throws flash_msa::Error.
+void validate(const CheckIndicesParams& params);
 void validate(const SelectParams& params);
 void validate(const ForwardParams& params, bool warmup);
 void validate(const BackwardParams& params, bool warmup);

@@ -29,6 +29,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("select", &ext::select, no_gil, py::arg("qp"), py::arg("kp"), py::arg("top_k_blocks"),
         py::arg("proxy_scale"), py::arg("cu_seqlens"), py::arg("query_offset"), py::arg("fp8"));
+  m.def("check_indices", &ext::check_indices, no_gil, py::arg("indices"), py::arg("cu_seqlens"),
+        py::arg("seqlen"), py::arg("query_offset"));
   m.def("forward", &ext::forward, no_gil, py::arg("qp"), py::arg("kp"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("indices"), py::arg("scale"), py::arg("proxy_scale"),
         py::arg("cu_seqlens"), py::arg("compute_kl"), py::arg("query_offset"));

@@ -38,13 +38,14 @@ std::string dtype_str(at::ScalarType t) { return c10::toString(t); }
 DType dtype_of(const at::Tensor& t, const char* name) {
   switch (t.scalar_type()) {
     case at::kFloat:
-      return DType::kFloat32;
-    case at::kDouble:
-      check_value(!t.is_cuda(), std::string("flash_msa: ") + name +
-                                    ": float64 runs on the CPU backend only (the CUDA kernels "
-                                    "take bfloat16 or float16), got float64 on " +
+    case at::kDouble: {
+      const std::string kind = t.scalar_type() == at::kFloat ? "float32" : "float64";
+      check_value(!t.is_cuda(), std::string("flash_msa: ") + name + ": " + kind +
+                                    " runs on the CPU backend only (the CUDA kernels take "
+                                    "bfloat16 or float16), got " + kind + " on " +
                                     t.device().str());
-      return DType::kFloat64;
+      return t.scalar_type() == at::kFloat ? DType::kFloat32 : DType::kFloat64;
+    }
     case at::kHalf:
       return DType::kFloat16;
     case at::kBFloat16:
@@ -231,6 +232,34 @@ at::Tensor select(const at::Tensor& qp_in, const at::Tensor& kp_in, int64_t top_
     cpu::select(params);
   }
   return indices;
+}
+
+void check_indices(const at::Tensor& indices_in, const std::optional<at::Tensor>& cu_seqlens,
+                   int64_t seqlen, int64_t query_offset) {
+  check_value(indices_in.scalar_type() == at::kInt && indices_in.dim() == 4,
+              "flash_msa: indices: expected int32 [B, Hp, Sq, K], got " +
+                  dtype_str(indices_in.scalar_type()) + " " + shape_str(indices_in.sizes()));
+  const at::Tensor indices = indices_in.contiguous();
+  Problem problem{.batch = indices.size(0),
+                  .seqlen = seqlen,
+                  .proxy_heads = indices.size(1),
+                  .top_k = indices.size(3),
+                  .query_offset = query_offset,
+                  .query_len = indices.size(2)};
+  const at::Tensor cu = set_documents(problem, cu_seqlens, indices);
+  const CheckIndicesParams params{.problem = problem,
+                                  .indices = indices.const_data_ptr<int32_t>()};
+  if (on_cuda(indices)) {
+#ifdef FLASH_MSA_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(indices.device());
+    at::Tensor holder;
+    cuda::check_indices(params, workspace(cuda::check_indices_workspace_bytes(), indices, holder),
+                        at::cuda::getCurrentCUDAStream());
+#endif
+  } else {
+    validate(params);
+    validate_indices_values(problem, problem.cu_seqlens, params.indices);
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(

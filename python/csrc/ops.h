@@ -24,6 +24,12 @@ at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k_bloc
                   double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
                   int64_t query_offset, bool fp8);
 
+// Checks block indices made outside the library, [B, Hp, Sq, K] int32, against a sequence of
+// `seqlen` tokens (and cu_seqlens): the CPU backend's rule on either device, the same error
+// (ValueError) naming the batch, proxy head, query and value. On CUDA it waits for the device.
+void check_indices(const at::Tensor& indices, const std::optional<at::Tensor>& cu_seqlens,
+                   int64_t seqlen, int64_t query_offset);
+
 // Forward of both branches: sparse over `indices`, or dense (warmup) when `indices` is absent.
 // Returns out [B, Sq, H*D] (token-major, as Flash-MSA), kl (0-dim: the KL value when
 // compute_kl, else 0), lse [B, H, Sq] and lse_proxy [B, Hp, Sq]; the last two exist for the

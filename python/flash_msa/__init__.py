@@ -10,6 +10,7 @@ from . import _C, distributed, ops
 from .analysis import selection_stats
 from .interface import (
     BLOCK_SIZE,
+    check_indices,
     flash_msa_func,
     flash_msa_func_warmup,
     flash_msa_warmup_func,
@@ -28,6 +29,7 @@ __all__ = [
     "MSAAttention",
     "apply_rope",
     "built_with_cuda",
+    "check_indices",
     "distributed",
     "flash_msa_func",
     "flash_msa_func_warmup",

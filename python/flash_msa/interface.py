@@ -27,7 +27,8 @@ from torch import Tensor
 from . import ops
 
 BLOCK_SIZE = 128  # tokens per key block, fixed by the method
-# float64 runs on the CPU backend only (double precision throughout, e.g. for gradcheck).
+# float32 and float64 run on the CPU backend only (float64: double precision throughout, e.g.
+# for gradcheck).
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _DIM_NAMES = ("batch", "heads", "seqlen", "head_dim")
 _PROXY_DIM_NAMES = ("batch", "proxy heads", "seqlen", "proxy head_dim")
@@ -61,11 +62,10 @@ def _check_tensor(name: str, t, ref: Optional[Tensor] = None) -> None:
             _fail(f"{name}: expected {dim_name} >= 1, got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
         _fail(f"{name}: expected bfloat16, float16, float32 or float64 (CPU only), got {t.dtype}")
-    if t.dtype == torch.float64 and t.device.type != "cpu":
-        _fail(
-            f"{name}: float64 runs on the CPU backend only (the CUDA kernels take bfloat16 or "
-            f"float16), got float64 on {t.device}"
-        )
+    if t.dtype in (torch.float32, torch.float64) and t.device.type != "cpu":
+        kind = str(t.dtype).removeprefix("torch.")
+        _fail(f"{name}: {kind} runs on the CPU backend only (the CUDA kernels take bfloat16 or "
+              f"float16), got {kind} on {t.device}")
     if ref is not None:
         if t.dtype != ref.dtype:
             _fail(f"{name}: expected dtype {ref.dtype} (that of q_proxy), got {t.dtype}")
@@ -287,6 +287,36 @@ def _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlen
     return out, kl
 
 
+def check_indices(
+    indices: Tensor,
+    seqlen: Optional[int] = None,
+    *,
+    cu_seqlens: Optional[Tensor] = None,
+    query_offset: Optional[int] = None,
+) -> None:
+    """Checks block indices made outside the library, int32 (B, Hp, Sq, K), against a sequence
+    of ``seqlen`` tokens (default: ``query_offset + Sq``): per row, strictly ascending blocks
+    holding a key of the query's document, ending with the query's own block, then -1 padding
+    (the form :func:`select_blocks` returns). Raises ValueError naming the batch, proxy head and
+    query of the first bad row and its value, the same on CPU and CUDA. On CUDA it waits for
+    the device once (a kernel finds the bad row; the host reads one word), so it cannot run
+    under CUDA graph capture or torch.compile: check there once beforehand and pass
+    ``check_indices=False`` to :func:`sparse_attention`.
+    """
+    if not isinstance(indices, Tensor) or indices.dtype != torch.int32 or indices.dim() != 4:
+        got = (f"{indices.dtype} of shape {tuple(indices.shape)}" if isinstance(indices, Tensor)
+               else type(indices).__name__)
+        _fail(f"indices: expected an int32 tensor (B, Hp, Sq, K), got {got}")
+    offset = 0 if query_offset is None else _integer(query_offset)
+    queries = indices.shape[2]
+    seqlen = offset + queries if seqlen is None else _integer(seqlen)
+    if seqlen is None or offset is None or offset < 0 or offset + queries > seqlen:
+        _fail(f"seqlen: expected an int >= query_offset + {queries} (the queries), got seqlen "
+              f"{seqlen!r} and query_offset {query_offset!r}")
+    _check_cu_seqlens(cu_seqlens, indices)
+    ops.check_indices(indices, cu_seqlens, seqlen, offset)
+
+
 def sparse_attention(
     q_proxy: Tensor,
     k_proxy: Tensor,
@@ -301,18 +331,34 @@ def sparse_attention(
     compute_kl: bool = False,
     kl_out: Optional[Tensor] = None,
     query_offset: Optional[int] = None,
+    check_indices: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Main attention over given blocks plus the KL alignment loss (SPEC sections 2-4).
 
     ``indices`` int32 (B, Hp, S, K) in the form :func:`select_blocks` returns: per row,
     strictly ascending visible blocks (of 128 keys) that include the query's own block, then
-    -1 padding (the CPU backend checks this and raises ValueError).
+    -1 padding. Indices that break this raise ValueError naming the batch, proxy head, query
+    and value, on CPU and CUDA alike (:func:`check_indices`). The CPU backend checks them as it
+    reads them; on CUDA ``check_indices=True`` (the default) waits for the device once to
+    check them before the kernels run. Under CUDA graph capture or torch.compile that wait is
+    not possible: check the indices beforehand with :func:`check_indices` and pass
+    ``check_indices=False``, which skips the CUDA check (invalid rows then attend only their
+    valid blocks, with no error). :func:`flash_msa_func` never checks: select's indices are
+    valid by construction.
     Returns (out (B, S, H*D), kl 0-dim fp32, float64 for float64 inputs), differentiable
     w.r.t. q, k, v (through out) and q_proxy, k_proxy (through kl). The KL value, as in
     :func:`flash_msa_func`: in ``kl_out`` after the backward, or in kl with ``compute_kl=True``.
     """
     query_offset = _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens, query_offset)
     _check_indices(indices, q_proxy)
+    if not isinstance(check_indices, bool):
+        _fail(f"check_indices: expected a bool, got {check_indices!r}")
+    if check_indices and indices.is_cuda:
+        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+            _fail("check_indices: the check of indices on CUDA waits for the device, which "
+                  "torch.compile and CUDA graph capture cannot; check them beforehand with "
+                  "flash_msa.check_indices and pass check_indices=False")
+        ops.check_indices(indices, cu_seqlens, k_proxy.shape[2], query_offset)
     return _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens,
                       compute_kl, kl_out, query_offset)
 

@@ -30,6 +30,13 @@ from torch import Tensor
 from . import _C
 
 
+def check_indices(indices: Tensor, cu_seqlens: Optional[Tensor], seqlen: int,
+                  query_offset: int) -> None:
+    """Checks indices made outside the library (flash_msa.check_indices). A plain function, not
+    a custom op: on CUDA it waits for the device, so it stays out of compiled graphs."""
+    _C.check_indices(indices, cu_seqlens, seqlen, query_offset)
+
+
 def _stats_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 

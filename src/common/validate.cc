@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "common/documents.h"
+#include "common/index_rule.h"
 #include "flash_msa/msa.h"
 
 namespace flash_msa {
@@ -42,6 +43,8 @@ void check_view(const char* name, const View4<T>& view, int64_t channels,
 
 enum class Stage { kSelect, kSparse, kWarmup };
 
+void check_layout(const Problem& p);
+
 void check_problem(const Problem& p, Stage stage) {
   check_positive("batch", p.batch);
   check_positive("seqlen", p.seqlen);
@@ -58,6 +61,11 @@ void check_problem(const Problem& p, Stage stage) {
   if (stage != Stage::kSelect) check_scale("scale", p.scale);
   check_scale("proxy_scale", p.proxy_scale);
   static_cast<void>(dtype_size(p.dtype));  // throws on an unknown dtype
+  check_layout(p);
+}
+
+// The documents and the query shard.
+void check_layout(const Problem& p) {
   if (p.cu_seqlens != nullptr && p.num_docs < 1)
     fail("num_docs", ">= 1 when cu_seqlens is given", str(p.num_docs));
   if (p.query_len < 0) fail("query_len", ">= 0 (0: every position)", str(p.query_len));
@@ -83,6 +91,16 @@ std::string row_name(int64_t b, int64_t p, int64_t i) {
 }
 
 }  // namespace
+
+void validate(const CheckIndicesParams& params) {
+  const Problem& p = params.problem;
+  check_positive("batch", p.batch);
+  check_positive("seqlen", p.seqlen);
+  check_positive("proxy_heads", p.proxy_heads);
+  if (p.top_k < 1) fail("top_k", ">= 1", str(p.top_k));
+  check_layout(p);
+  check_pointer("indices", params.indices);
+}
 
 void validate(const SelectParams& params) {
   check_problem(params.problem, Stage::kSelect);
@@ -139,39 +157,42 @@ void validate_cu_seqlens_values(const Problem& problem, const int32_t* host_cu_s
   }
 }
 
+void validate_index_row(const Problem& problem, const std::vector<int32_t>& starts,
+                        int64_t row_id, const int32_t* row) {
+  const int64_t Sq = problem.queries(), i = row_id % Sq, bp = row_id / Sq;
+  const int64_t b = bp / problem.proxy_heads, p = bp % problem.proxy_heads;
+  const int64_t pos = problem.query_offset + i;  // the query's position
+  const int64_t own = pos / kBlockSize;
+  const int64_t first_visible = starts[static_cast<size_t>(b * problem.seqlen + pos)] / kBlockSize;
+  const IndexCheck check = check_index_row(row, problem.top_k, own, first_visible);
+  if (check.fault == IndexFault::kNone) return;
+  const std::string at = " at " + row_name(b, p, i);
+  const int64_t x = check.slot;
+  switch (check.fault) {
+    case IndexFault::kOutOfRange:
+      fail("indices", "a block in [0, " + str(own) + "] or -1" + at, str(row[x]));
+    case IndexFault::kOtherDocument:
+      fail("indices",
+           "a block holding a key of the query's document (blocks " + str(first_visible) + ".." +
+               str(own) + ")" + at,
+           str(row[x]));
+    case IndexFault::kNotAscending:
+      fail("indices", "strictly ascending blocks" + at, str(row[x]) + " after " + str(row[x - 1]));
+    case IndexFault::kAfterPadding:
+      fail("indices", "-1 only after every valid block" + at, str(row[x]) + " after -1");
+    default:
+      fail("indices", "the own block " + str(own) + at, "none");
+  }
+}
+
 void validate_indices_values(const Problem& problem, const int32_t* host_cu_seqlens,
                              const int32_t* host_indices) {
   check_pointer("indices", host_indices);
   validate_cu_seqlens_values(problem, host_cu_seqlens);
   const std::vector<int32_t> starts = document_starts(problem, host_cu_seqlens);
-  const int64_t S = problem.seqlen, Sq = problem.queries(), K = problem.top_k;
-  for (int64_t b = 0; b < problem.batch; ++b)
-    for (int64_t p = 0; p < problem.proxy_heads; ++p)
-      for (int64_t i = 0; i < Sq; ++i) {
-        const int32_t* row = host_indices + ((b * problem.proxy_heads + p) * Sq + i) * K;
-        const int64_t pos = problem.query_offset + i;  // the query's position
-        const int64_t own = pos / kBlockSize;
-        const int64_t first_visible = starts[static_cast<size_t>(b * S + pos)] / kBlockSize;
-        // The row's name is built only for a message: this loop runs over every row.
-        const auto at = [&] { return " at " + row_name(b, p, i); };
-        int64_t x = 0;
-        for (; x < K && row[x] != -1; ++x) {
-          if (row[x] < 0 || row[x] > own)
-            fail("indices", "a block in [0, " + str(own) + "] or -1" + at(), str(row[x]));
-          if (row[x] < first_visible)
-            fail("indices",
-                 "a block holding a key of the query's document (blocks " + str(first_visible) +
-                     ".." + str(own) + ")" + at(),
-                 str(row[x]));
-          if (x > 0 && row[x] <= row[x - 1])
-            fail("indices", "strictly ascending blocks" + at(),
-                 str(row[x]) + " after " + str(row[x - 1]));
-        }
-        for (int64_t y = x; y < K; ++y)
-          if (row[y] != -1)
-            fail("indices", "-1 only after every valid block" + at(), str(row[y]) + " after -1");
-        if (x == 0 || row[x - 1] != own) fail("indices", "the own block " + str(own) + at(), "none");
-      }
+  const int64_t rows = problem.batch * problem.proxy_heads * problem.queries();
+  for (int64_t r = 0; r < rows; ++r)
+    validate_index_row(problem, starts, r, host_indices + r * problem.top_k);
 }
 
 }  // namespace flash_msa

@@ -374,3 +374,8 @@ def test_float64_on_cuda_is_refused_clearly():
         flash_msa.flash_msa_func(*tensors, 128)
     with pytest.raises(ValueError, match="float64 runs on the CPU backend only"):
         flash_msa.ops.forward(*tensors, None, 0.125, 0.125, None, True, None)
+    tensors = [t.float() for t in tensors]  # float32 too, before any kernel
+    with pytest.raises(ValueError, match="q_proxy: float32 runs on the CPU backend only"):
+        flash_msa.flash_msa_func(*tensors, 128)
+    with pytest.raises(ValueError, match="q: float32 runs on the CPU backend only"):
+        flash_msa.ops.forward(*tensors, None, 0.125, 0.125, None, True, None)

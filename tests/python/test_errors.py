@@ -32,6 +32,7 @@ BAD_TENSORS = [
     ("q_all", lambda t: t.int(),
      "expected bfloat16, float16, float32 or float64 (CPU only), got torch.int32"),
     ("q_all", lambda t: t.double().to("meta"), "q_proxy: float64 runs on the CPU backend only"),
+    ("q_all", lambda t: t.float().to("meta"), "q_proxy: float32 runs on the CPU backend only"),
     ("q", lambda t: t[..., :0], "q: expected head_dim >= 1, got shape (2, 4, 256, 0)"),
     ("q_all", lambda t: t[..., :0], "q_proxy: expected proxy head_dim >= 1"),
     ("q_all", lambda t: t[:, :, :0], "q_proxy: expected seqlen >= 1"),
