@@ -16,7 +16,6 @@ accepted, rejected and failed (visible with -s, or under -rA as the last test's 
 import math
 import os
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
