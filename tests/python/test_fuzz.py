@@ -10,7 +10,7 @@ every rejected one must raise ValueError("flash_msa: <argument>: ...").
 The CPU run is CI's: a fixed seed (derandomize) and a fixed example count per test, well inside
 three minutes on two cores. FLASH_MSA_FUZZ_EXAMPLES raises the count (e.g. on the device); the
 "cuda" cases skip without a GPU and a CUDA build. The module prints how many cases it tried,
-accepted, rejected and failed (visible with -s, or under -rA as the last test's teardown output).
+accepted, rejected and failed at the end of the module (visible with pytest -s).
 """
 
 import math
