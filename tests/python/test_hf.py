@@ -171,6 +171,7 @@ def test_only_the_named_layers_are_converted():
     hf.set_warmup(msa, True)
     assert max_err(logits(msa, ids), ref) <= 1e-10
     assert hf.kl_loss(msa).dim() == 0 and attn[0].__dict__.get("msa_kl") is None
+    assert attn[1]._msa_inputs is None  # the forward hook dropped the stashed hidden states
 
 
 def test_unknown_architecture_is_rejected():
