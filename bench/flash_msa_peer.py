@@ -26,12 +26,12 @@ random gradient of out and 1 for kl):
 import argparse
 import importlib
 import json
-import statistics
 import time
 
 import torch
 
 import flash_msa
+from timing import time_ms
 
 PEER = "flash_msa_peer"
 D, TOP_K = 128, 2048
@@ -59,20 +59,6 @@ def synced_ms(fn):
     return (time.perf_counter() - t0) * 1e3
 
 
-def median_ms(fn, iters=10, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def make_inputs(seqlen, heads, kv_heads, proxy_heads, proxy_kv_heads, gen):
     dims = dict(q_proxy=proxy_heads, k_proxy=proxy_kv_heads, q=heads, k=kv_heads, v=kv_heads)
     inputs = {n: torch.randn(1, h, seqlen, D, device="cuda", dtype=torch.bfloat16,
@@ -92,7 +78,7 @@ def step(func, inputs, dout):
 
 def measure(func, inputs, dout):
     first_ms = synced_ms(lambda: step(func, inputs, dout))
-    step_ms = median_ms(lambda: step(func, inputs, dout))
+    step_ms = time_ms(lambda: step(func, inputs, dout), iters=10, warmup=3)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

@@ -44,7 +44,6 @@ docs/benchmarks.md and the plots. Prints a progress line per measurement.
 import argparse
 import datetime
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -56,6 +55,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flash_msa
 import flash_msa_peer
 import fp8_select_quality as fp8_study
+from timing import time_ms
 from trained_selection import load_target, trained_selection
 
 H, HK, HP, HPK, D, DP, K, BS = 64, 4, 4, 1, 128, 128, 16, 128
@@ -93,29 +93,6 @@ START = time.monotonic()
 
 def log(msg):
     print(f"[{time.monotonic() - START:6.1f}s] {msg}", flush=True)
-
-
-def time_ms(fn, iters=5, warmup=2):
-    """Median of `iters` CUDA-event timed calls after `warmup` calls. A call slower than half a
-    second is warmed up once and timed twice at most, and timing stops after 20 s."""
-    for w in range(warmup):
-        t0 = time.monotonic()
-        fn()
-        torch.cuda.synchronize()
-        if time.monotonic() - t0 > 0.5:
-            iters = min(iters, 2)
-            break
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-        if sum(times) > 20_000:  # a slow call: the median of what fits in 20 s
-            break
-    return statistics.median(times)
 
 
 def entry(ms, flop=None):
