@@ -47,7 +47,7 @@ done
 step "Python package with CUDA, pytest"
 wait $pip_job
 if grep -q "pip rc 0" "$log/pip.txt"; then
-  (cd tests/python && timeout 180 python3 -m pytest -q . -p no:cacheprovider) \
+  (cd tests/python && timeout 420 python3 -m pytest -q . -p no:cacheprovider) \
     >"$log/pytest.txt" 2>&1 || status=1
   tail -15 "$log/pytest.txt" | tee -a "$log/summary.txt"
 else
