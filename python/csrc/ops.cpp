@@ -239,13 +239,13 @@ void check_indices(const at::Tensor& indices_in, const std::optional<at::Tensor>
   check_value(indices_in.scalar_type() == at::kInt && indices_in.dim() == 4,
               "flash_msa: indices: expected int32 [B, Hp, Sq, K], got " +
                   dtype_str(indices_in.scalar_type()) + " " + shape_str(indices_in.sizes()));
-  check_value(!cu_seqlens || cu_seqlens->device() == indices_in.device(),
-              "flash_msa: cu_seqlens: expected device " + indices_in.device().str() +
-                  " (that of indices), got " + cu_seqlens->device().str());
   // The rule runs on the host: device tensors are copied there (one synchronisation).
   const at::Tensor indices = indices_in.cpu().contiguous();
   std::optional<at::Tensor> host_cu;
-  if (cu_seqlens) host_cu = cu_seqlens->cpu();
+  if (cu_seqlens) {
+    check_same_device(indices_in, *cu_seqlens, "cu_seqlens");
+    host_cu = cu_seqlens->cpu();
+  }
   Problem problem{.batch = indices.size(0),
                   .seqlen = seqlen,
                   .proxy_heads = indices.size(1),

@@ -374,33 +374,38 @@ ROW_BREAKS = [
 @FUZZ
 @given(data=st.data())
 def test_user_indices(device, data):
-    """Valid indices give the reference's results over them; a broken row raises ValueError
-    naming the row and the bad value. The CUDA backend does not check index values yet (issue
-    40, goal 1): on CUDA only valid indices are drawn until it does."""
+    """Valid indices give the reference's results over them; a broken row makes
+    flash_msa.check_indices raise ValueError naming the row and the bad value, on either device,
+    and the CPU backend's sparse_attention raise the very same message (the CUDA kernels do not
+    check index values: they skip invalid entries)."""
     case = data.draw(cases(device))
     s = case.shape
     indices = valid_indices(s, data.draw(st.integers(0, 2**31 - 1)))
-    broken = None if device == "cuda" else data.draw(st.none() | st.sampled_from(ROW_BREAKS))
+    broken = data.draw(st.none() | st.sampled_from(ROW_BREAKS))
     TALLY.tried += 1
-    if broken is None:
+    result = None
+    if broken is not None:
+        b, p, i = (data.draw(st.integers(0, n - 1)) for n in (s.B, s.Hp, s.S))
+        own, first = i // BLOCK, int(document_starts(s)[b, i]) // BLOCK
+        result = broken.apply(indices[b, p, i].tolist(), own, first, -(-s.S // BLOCK),
+                              data.draw(st.integers(0, 2**20)))
+    if result is None:  # nothing broken, or this row cannot be broken this way: a valid call
+        flash_msa.check_indices(indices.to(device), cu_seqlens=s.cu(device))
         check_against_reference(case, "user", indices.to(device))
         TALLY.accepted += 1
         return
-    b, p, i = (data.draw(st.integers(0, n - 1)) for n in (s.B, s.Hp, s.S))
-    own, first = i // BLOCK, int(document_starts(s)[b, i]) // BLOCK
-    row = indices[b, p, i].tolist()
-    result = broken.apply(row, own, first, -(-s.S // BLOCK), data.draw(st.integers(0, 2**20)))
-    if result is None:  # this row cannot be broken this way: the valid call then
-        check_against_reference(case, "user", indices)
-        TALLY.accepted += 1
-        return
     indices[b, p, i] = torch.tensor(result[0], dtype=torch.int32)
+    indices = indices.to(device)
     with pytest.raises(ValueError) as error:
-        run_call(case, "user", indices)
+        flash_msa.check_indices(indices, cu_seqlens=s.cu(device))
     message = str(error.value)
     assert message.startswith("flash_msa: indices: expected "), message
     assert f" at (b {b}, p {p}, i {i})" in message, f"{broken.name}: {message}"
     assert message.endswith(f", got {result[1]}"), f"{broken.name}: {message}"
+    if device == "cpu":
+        with pytest.raises(ValueError) as error:
+            run_call(case, "user", indices)
+        assert str(error.value) == message
     TALLY.rejected += 1
 
 

@@ -119,3 +119,16 @@ def test_valid_indices_pass_and_give_select_s_result(device):
 def test_check_indices_refuses_what_is_not_indices(bad):
     with pytest.raises(ValueError, match="flash_msa: indices: expected an int32 tensor"):
         flash_msa.check_indices(bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_check_indices_without_documents(device):
+    """A regression of the fuzz suite: without cu_seqlens the check failed on its own
+    arguments ("tensor does not have a device") instead of checking."""
+    x, _, _ = valid(device)
+    indices = flash_msa.select_blocks(x["qp"], x["kp"], SHAPE.K)
+    flash_msa.check_indices(indices)
+    indices[0, 0, 200, 0] = 5
+    with pytest.raises(ValueError, match=r"flash_msa: indices: expected a block in \[0, 1\] or -1 "
+                                         r"at \(b 0, p 0, i 200\), got 5"):
+        flash_msa.check_indices(indices)
