@@ -309,12 +309,12 @@ def check_indices(
         _fail(f"indices: expected an int32 tensor (B, Hp, Sq, K), got {got}")
     offset = 0 if query_offset is None else _integer(query_offset)
     queries = indices.shape[2]
-    seqlen = offset + queries if seqlen is None else _integer(seqlen)
-    if seqlen is None or offset is None or offset < 0 or offset + queries > seqlen:
-        _fail(f"seqlen: expected an int >= query_offset + {queries} (the queries), got seqlen "
-              f"{seqlen!r} and query_offset {query_offset!r}")
+    length = (offset or 0) + queries if seqlen is None else _integer(seqlen)
+    if offset is None or length is None or offset < 0 or offset + queries > length:
+        _fail(f"seqlen: expected ints with 0 <= query_offset and query_offset + {queries} (the "
+              f"queries) <= seqlen, got seqlen {seqlen!r} and query_offset {query_offset!r}")
     _check_cu_seqlens(cu_seqlens, indices)
-    ops.check_indices(indices, cu_seqlens, seqlen, offset)
+    ops.check_indices(indices, cu_seqlens, length, offset)
 
 
 def sparse_attention(

@@ -1,7 +1,8 @@
 // The form a row of user-supplied block indices must have (docs/spec.md, section 1: the form
 // select writes): valid blocks in [first visible block, own block], strictly ascending, ending
-// with the own block, then -1 padding. One rule for the CPU backend's check and the CUDA check
-// kernel, so that both reject the same rows with the same message.
+// with the own block, then -1 padding. One rule for every check of indices from outside (the CPU
+// backend's, flash_msa.check_indices), host and device code alike, so that a check on the device
+// can reject the same rows with the same message.
 #pragma once
 
 #include <cstdint>

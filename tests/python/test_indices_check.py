@@ -132,3 +132,22 @@ def test_check_indices_without_documents(device):
     with pytest.raises(ValueError, match=r"flash_msa: indices: expected a block in \[0, 1\] or -1 "
                                          r"at \(b 0, p 0, i 200\), got 5"):
         flash_msa.check_indices(indices)
+
+
+@pytest.mark.parametrize("seqlen, query_offset", [(100, None), (384, -1), (384, 1.5), ("384", 0),
+                                                  (None, "0"), (500, 200)])
+def test_check_indices_refuses_a_shard_outside_the_sequence(seqlen, query_offset):
+    _, _, indices = valid("cpu")  # 384 queries
+    with pytest.raises(ValueError, match="flash_msa: seqlen: expected ints with 0 <= query_offset"):
+        flash_msa.check_indices(indices, seqlen, query_offset=query_offset)
+
+
+def test_check_indices_of_a_shard():
+    """Queries 256.. of a 640-token sequence: their own blocks are 2 to 4."""
+    x, _, _ = valid("cpu")
+    keys = {n: torch.cat([x[n], x[n][:, :, :256]], dim=2) for n in ("qp", "kp")}
+    indices = flash_msa.select_blocks(x["qp"], keys["kp"], SHAPE.K, query_offset=256)
+    flash_msa.check_indices(indices, 640, query_offset=256)
+    with pytest.raises(ValueError, match=r"expected a block in \[0, 0\] or -1 at \(b 0, p 0, i 0\), "
+                                         r"got 1"):
+        flash_msa.check_indices(indices, 640)  # read as queries 0.. of the same sequence
