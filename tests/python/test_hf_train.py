@@ -10,23 +10,27 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import flash_msa  # noqa: E402
+from conftest import check_rule  # noqa: E402
 
 hf = flash_msa.hf
 
 VOCAB = 97
 
 
-def make_model(seed: int = 80, dtype=torch.float32, **convert):
-    """A two-layer Llama (hidden 64, head_dim 16, GQA 4:2) converted with proxy_heads=2,
-    in training mode."""
+def llama(seed: int = 80, head_dim: int = 16):
+    """A two-layer Llama, hidden 64, GQA 4:2, in float32."""
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-        initializer_range=0.2)
-    model = transformers.LlamaForCausalLM(config).to(dtype)
+        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+        max_position_embeddings=1024, initializer_range=0.2)
+    return transformers.LlamaForCausalLM(config)
+
+
+def make_model(seed: int = 80, dtype=torch.float32, **convert):
+    """llama() converted with proxy_heads=2, in training mode."""
     convert.setdefault("top_k", 128)
-    return hf.convert(model, proxy_heads=2, **convert).train()
+    return hf.convert(llama(seed).to(dtype), proxy_heads=2, **convert).train()
 
 
 def tokens(*shape, seed: int = 81):
@@ -238,3 +242,35 @@ def test_compiled_model_matches_eager():
             torch.testing.assert_close(grad, want[name], rtol=1e-4, atol=1e-5, msg=name)
     # The model's forward in each phase, and the loss hook (a frame of its own).
     assert counter.frame_count == 3
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and flash_msa.built_with_cuda()),
+                    reason="needs a CUDA device and flash_msa built with CUDA")
+def test_cuda_packed_training_step():
+    """bfloat16 on the GPU (head_dim 64, which the kernels take), a packed row from the
+    flattening collator, top_k covering every block: each document's logits within the spec's
+    rule of its float64 logits alone on the CPU (twice the error of the bfloat16 original
+    alone); the backward writes a finite positive KL value and gives the proxy finite nonzero
+    gradients."""
+    original = llama(head_dim=64)
+    docs = [tokens(200, seed=82), tokens(170, seed=83)]
+    ref64 = copy.deepcopy(original).double()
+    ref64.set_attn_implementation("sdpa")
+    bf16 = copy.deepcopy(original).to("cuda", torch.bfloat16)
+    bf16.set_attn_implementation("eager")
+    with torch.no_grad():
+        want = [ref64(d[None], use_cache=False).logits[0] for d in docs]
+        baseline = [bf16(d[None].cuda(), use_cache=False).logits[0] for d in docs]
+    msa = hf.convert(copy.deepcopy(original).to("cuda", torch.bfloat16), top_k=384,
+                     proxy_heads=2).train()
+    batch = transformers.DataCollatorWithFlattening()([{"input_ids": d.tolist()} for d in docs])
+    out = msa(batch["input_ids"].cuda(), position_ids=batch["position_ids"].cuda(),
+              labels=batch["labels"].cuda(), use_cache=False)
+    for i, part in enumerate((out.logits[0, :200], out.logits[0, 200:])):
+        check_rule(f"document {i} logits", part, want[i], baseline[i].cpu(), atol=1e-3)
+    out.loss.backward()
+    kl = hf.kl_value(msa)
+    assert torch.isfinite(kl) and kl > 0
+    for name, p in msa.named_parameters():
+        if is_proxy(name):
+            assert torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, name
