@@ -76,6 +76,19 @@ def test_the_loss_with_labels_includes_kl_weight_times_the_kl():
     assert weighted(ids, use_cache=False).loss is None
 
 
+def test_the_kl_value_keeps_the_statistics_dtype_when_the_model_is_cast():
+    """model.to(bfloat16) casts the layers' KL value buffers too; the value is still written
+    in float32 (the ops' statistics dtype), and in float64 after model.double()."""
+    model = make_model().to(torch.bfloat16)
+    ids = tokens(2, 300)
+    for dtype in (torch.float32, torch.float64):
+        model.zero_grad()
+        model(ids, labels=ids, use_cache=False).loss.backward()
+        value = hf.kl_value(model)
+        assert value.dtype == dtype and torch.isfinite(value) and value > 0
+        model.double()
+
+
 def test_a_plain_loop_switches_from_warmup_to_sparse():
     """set_warmup by step count: the first steps run the dense warmup (logits independent of
     top_k), the later ones sparse attention; each step trains the proxy and logs a KL value."""
