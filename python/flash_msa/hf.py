@@ -117,6 +117,19 @@ def _document_mask(query: Tensor, starts: Tensor) -> Optional[Tensor]:
     return ((rows.unsqueeze(-1) == rows.unsqueeze(-2)) & causal).unsqueeze(1)
 
 
+class _LastKL:
+    """A layer's KL term of its last forward. A deep copy of the model starts without one,
+    as a tensor inside an autograd graph cannot be deep-copied."""
+
+    __slots__ = ("term",)
+
+    def __init__(self):
+        self.term = None
+
+    def __deepcopy__(self, memo):
+        return _LastKL()
+
+
 def _kl_buffer(module: nn.Module, query: Tensor) -> Tensor:
     stats = torch.float64 if query.dtype == torch.float64 else torch.float32
     buffer = module.msa_kl_value
@@ -135,8 +148,8 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
 
     A converted module attends with the library's ops over the whole causal context of each
     document (a sliding window of the model is not applied), the documents being those of
-    ``cu_seq_lens_q`` or else of ``position_ids``, and keeps the KL loss term in
-    ``module.msa_kl``; the backward writes the KL value into the buffer
+    ``cu_seq_lens_q`` or else of ``position_ids``, and keeps the KL loss term for
+    :func:`kl_loss`; the backward writes the KL value into the buffer
     ``module.msa_kl_value``. A module that :func:`convert` left dense runs transformers' SDPA
     attention, causal inside the same documents.
     """
@@ -167,7 +180,7 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
                      proxy_scale=q_proxy.shape[-1] ** -0.5,
                      cu_seqlens=None if starts is None else _cu_seqlens(starts),
                      kl_out=_kl_buffer(module, query))
-    module.msa_kl = kl
+    module._msa_kl.term = kl
     return out.unflatten(-1, (query.shape[1], -1)), None
 
 
@@ -281,7 +294,7 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
         module._msa_rotary = rotary
-        module.msa_kl = None
+        module._msa_kl = _LastKL()
         # One tensor for the layer's whole life, not one per forward: activation checkpointing
         # replays the forward, and the backward writes into the tensor of the first pass.
         stats = torch.float64 if weight.dtype == torch.float64 else torch.float32
@@ -318,7 +331,7 @@ def kl_loss(model: PreTrainedModel) -> Tensor:
     adds it times ``kl_weight`` to its ``loss`` already). Its value is 0 (the ops' placeholder,
     docs/python.md); the value to log is :func:`kl_value` once the backward has run."""
     modules = _converted(model, "kl_loss")
-    terms = [m.msa_kl for m in modules]
+    terms = [m._msa_kl.term for m in modules]
     if any(t is None for t in terms):
         _fail("hf.kl_loss: model: expected a forward of the converted model first, got none")
     if model.training and torch.is_grad_enabled() and any(not t.requires_grad for t in terms) \

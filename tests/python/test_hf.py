@@ -170,7 +170,7 @@ def test_only_the_named_layers_are_converted():
     # Layer 1 alone, dense: the original logits (layer 0 runs SDPA, causal without a mask).
     hf.set_warmup(msa, True)
     assert max_err(logits(msa, ids), ref) <= 1e-10
-    assert hf.kl_loss(msa).dim() == 0 and attn[0].__dict__.get("msa_kl") is None
+    assert hf.kl_loss(msa).dim() == 0 and not hasattr(attn[0], "_msa_kl")
 
 
 def test_unknown_architecture_is_rejected():

@@ -49,7 +49,7 @@ def test_the_loss_with_labels_includes_kl_weight_times_the_kl():
     """float64: with labels, loss has the value of the language-model loss and gives the
     proxy projections kl_weight times the KL's gradient, the other weights the same as
     without the KL; kl_value is NaN before the backward and the mean of the layers' values
-    after it."""
+    after it; the model deep-copies after a step."""
     base = make_model(dtype=torch.float64, kl_weight=0.0)
     weighted = copy.deepcopy(base)
     weighted.config.msa["kl_weight"] = 0.25
@@ -72,6 +72,10 @@ def test_the_loss_with_labels_includes_kl_weight_times_the_kl():
     values = [layer.self_attn.msa_kl_value for layer in weighted.model.layers]
     assert all(v.dtype == torch.float64 and v > 0 for v in values)
     assert hf.kl_value(weighted).item() == pytest.approx(sum(values).item() / 2, rel=1e-12)
+    # A deep copy after a training step (the KL terms are inside the autograd graph) starts
+    # without them.
+    with pytest.raises(ValueError, match="hf.kl_loss: model: expected a forward"):
+        hf.kl_loss(copy.deepcopy(weighted))
     # Without labels there is no loss to add to.
     assert weighted(ids, use_cache=False).loss is None
 
