@@ -233,13 +233,16 @@ def test_activation_checkpointing_gives_the_same_gradients():
 
 
 def test_compiled_model_matches_eager():
-    """torch.compile(model, fullgraph=True): loss, gradients and KL value as eager in both
-    phases, and each phase compiles once (the aot_eager backend: Dynamo and AOTAutograd trace
-    what Inductor would get, in a fraction of the time)."""
+    """torch.compile(model, fullgraph=True), a batch whose first row packs two documents:
+    loss, gradients and KL value as eager in both phases, and each phase compiles once (the
+    aot_eager backend: Dynamo and AOTAutograd trace what Inductor would get, in a fraction of
+    the time)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     model = make_model(kl_weight=0.5)
     ids = tokens(2, 300)
+    position_ids = torch.stack([torch.cat([torch.arange(140), torch.arange(160)]),
+                                torch.arange(300)])
     counter = CompileCounterWithBackend("aot_eager")
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=counter, fullgraph=True)
@@ -248,7 +251,7 @@ def test_compiled_model_matches_eager():
         results = []
         for m in (model, compiled):
             model.zero_grad()
-            loss = m(ids, labels=ids, use_cache=False).loss
+            loss = m(ids, position_ids=position_ids, labels=ids, use_cache=False).loss
             loss.backward()
             results.append((loss.detach(), grads(model), hf.kl_value(model).clone()))
         (want_loss, want, want_kl), (loss, got, kl) = results
