@@ -226,7 +226,8 @@ def test_activation_checkpointing_gives_the_same_gradients():
                                                              rel=1e-6)
 
     reentrant = make_model()
-    reentrant.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+    reentrant.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": True})
     with pytest.raises(ValueError, match="flash_msa: hf.kl_loss: model: expected KL terms with a "
                                          "gradient.*use_reentrant=False"):
         reentrant(ids, labels=ids, use_cache=False)
