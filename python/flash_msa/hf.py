@@ -303,7 +303,7 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
         module.register_forward_pre_hook(_pass_inputs, with_kwargs=True)
     config.msa = dict(top_k=top_k, proxy_heads=proxy_heads, proxy_kv_heads=proxy_kv_heads,
                       layers=chosen, warmup=warmup, kl_weight=float(kl_weight))
-    model.register_forward_hook(_add_kl_to_loss)
+    model.register_forward_hook(_add_kl_to_loss, with_kwargs=True)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return model
 
@@ -345,10 +345,26 @@ def kl_loss(model: PreTrainedModel) -> Tensor:
     return torch.stack(terms).sum()
 
 
-def _add_kl_to_loss(model: nn.Module, args: tuple, output):
+def _add_kl_to_loss(model: nn.Module, args: tuple, kwargs: dict, output):
     weight = model.config.msa["kl_weight"]
-    if weight and getattr(output, "loss", None) is not None:
-        output.loss = output.loss + weight * kl_loss(model)
+    if not weight or getattr(output, "loss", None) is None:
+        return output
+    kl = kl_loss(model)
+    total = kwargs.get("num_items_in_batch")
+    if total is not None:
+        # The Trainer's gradient accumulation: the language-model loss of each micro-batch is
+        # its sum over tokens divided by the tokens of all micro-batches (num_items_in_batch,
+        # counted over the shifted labels), and the Trainer does not divide it again; the KL,
+        # a mean, gets this micro-batch's share of the tokens likewise.
+        labels = kwargs.get("shift_labels")
+        if labels is None:
+            if kwargs.get("labels") is None:
+                _fail("labels: expected labels (or shift_labels) as a keyword argument with "
+                      "num_items_in_batch, got them positionally")
+            labels = kwargs["labels"][..., 1:]
+        share = (labels != -100).sum().to(kl.device, kl.dtype)
+        kl = kl * share / torch.as_tensor(total).to(kl.device, kl.dtype)
+    output.loss = output.loss + weight * kl
     return output
 
 

@@ -49,7 +49,8 @@ def test_the_loss_with_labels_includes_kl_weight_times_the_kl():
     """float64: with labels, loss has the value of the language-model loss and gives the
     proxy projections kl_weight times the KL's gradient, the other weights the same as
     without the KL; kl_value is NaN before the backward and the mean of the layers' values
-    after it; the model deep-copies after a step."""
+    after it; with num_items_in_batch (the Trainer's gradient accumulation) the KL counts
+    for its share of the tokens; the model deep-copies after a step."""
     base = make_model(dtype=torch.float64, kl_weight=0.0)
     weighted = copy.deepcopy(base)
     weighted.config.msa["kl_weight"] = 0.25
@@ -72,6 +73,16 @@ def test_the_loss_with_labels_includes_kl_weight_times_the_kl():
     values = [layer.self_attn.msa_kl_value for layer in weighted.model.layers]
     assert all(v.dtype == torch.float64 and v > 0 for v in values)
     assert hf.kl_value(weighted).item() == pytest.approx(sum(values).item() / 2, rel=1e-12)
+    # The Trainer's gradient accumulation over micro-batches of 4 * 299 counted tokens in all
+    # (num_items_in_batch; the language-model loss is then a sum over this micro-batch's
+    # 2 * 299 divided by it): the KL gets half its weight.
+    weighted.zero_grad()
+    weighted(ids, labels=ids, use_cache=False, num_items_in_batch=torch.tensor(4 * 299)
+             ).loss.backward()
+    for name, grad in grads(weighted).items():
+        if is_proxy(name):
+            torch.testing.assert_close(grad, want[name] * 0.125, rtol=1e-12, atol=1e-15,
+                                       msg=name)
     # A deep copy after a training step (the KL terms are inside the autograd graph) starts
     # without them.
     with pytest.raises(ValueError, match="hf.kl_loss: model: expected a forward"):
