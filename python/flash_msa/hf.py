@@ -1,4 +1,5 @@
-"""Hugging Face transformers causal LMs with MSA attention: :func:`convert`.
+"""Hugging Face transformers causal LMs with MSA attention: :func:`convert`, and the training
+helpers :func:`kl_loss`, :func:`kl_value`, :func:`set_warmup` and :class:`WarmupCallback`.
 
 A converted model keeps its modules, weights and forward; what changes:
 
@@ -7,25 +8,31 @@ A converted model keeps its modules, weights and forward; what changes:
 - the model's attention implementation becomes ``"msa"``, an attention function registered with
   ``transformers.AttentionInterface`` that runs :func:`flash_msa.flash_msa_func` (sparse) or
   :func:`flash_msa.flash_msa_warmup_func` (warmup) on the query, key and value the model
-  computed (its own head_dim, RoPE and rope scaling, Qwen3's q/k norms, Qwen2's biases);
+  computed (its own head_dim, RoPE and rope scaling, Qwen3's q/k norms, Qwen2's biases), with
+  packed documents taken from ``position_ids`` or ``cu_seq_lens_q``;
+- when the model is called with labels, its ``loss`` includes ``kl_weight`` times the KL terms
+  of the converted layers;
 - the settings are recorded in ``model.config.msa`` (a dict of :func:`convert`'s keyword
   arguments, ``convert(model, **model.config.msa)`` rebuilds the structure).
 
 Why a forward pre-hook: the attention function receives the module, the query, key and value
-and keyword arguments, but not the hidden states the proxy projections read, nor the rotary
-cos/sin. A pre-hook on each converted attention module stashes those two inputs of its forward
-for the attention function and a forward hook drops them again, so the model's own forward
-runs unchanged (no module is replaced or wrapped, the state dict only gains the proxy weights).
+and the keyword arguments of the module's forward, but not the hidden states the proxy
+projections read, nor the rotary cos/sin. A pre-hook on each converted attention module adds
+those two inputs of its forward to its keyword arguments, which the module hands on to the
+attention function, so the model's own forward runs unchanged (no module is replaced or
+wrapped, the state dict only gains the proxy weights) and nothing is kept on the module between
+calls (activation checkpointing replays the forward, torch.compile traces it).
 
 Docs: docs/integrations.md.
 """
 
 import math
+import numbers
 from typing import Iterable, Optional
 
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedModel, TrainerCallback
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.models.llama import modeling_llama
@@ -53,15 +60,10 @@ def _fail(message: str):
     raise ValueError(f"flash_msa: {message}")
 
 
-def _stash_inputs(module: nn.Module, args: tuple, kwargs: dict) -> None:
+def _pass_inputs(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
     rotary = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
-    module._msa_inputs = (hidden, rotary)
-
-
-def _drop_inputs(module: nn.Module, args: tuple, output) -> None:
-    # The stash would otherwise keep the last hidden states alive between steps.
-    module._msa_inputs = None
+    return args, {**kwargs, "msa_hidden_states": hidden, "msa_position_embeddings": rotary}
 
 
 def _heads(x: Tensor, heads: int) -> Tensor:
@@ -69,16 +71,87 @@ def _heads(x: Tensor, heads: int) -> Tensor:
     return x.unflatten(-1, (heads, -1)).transpose(1, 2)
 
 
+def _document_starts(query: Tensor, position_ids: Optional[Tensor],
+                     cu_seq_lens_q: Optional[Tensor]) -> Optional[Tensor]:
+    """For a (B, H, S, D) query, int32 (B*S,): the flattened index of the first token of each
+    token's document; the documents are those of transformers' ``cu_seq_lens_q`` (offsets over
+    the flattening collator's single row), else those that ``position_ids`` marks, else None
+    (one document per row). Built without reading the data on the host."""
+    batch, seqlen = query.shape[0], query.shape[2]
+    token = torch.arange(batch * seqlen, device=query.device, dtype=torch.int32)
+    if cu_seq_lens_q is not None:
+        if batch != 1:
+            _fail(f"cu_seq_lens_q: expected a batch of one packed row (as the flattening "
+                  f"collator makes), got a batch of {batch}")
+        offsets = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
+        return offsets[torch.searchsorted(offsets, token, right=True) - 1]
+    if position_ids is None:
+        return None
+    positions = position_ids.to(query.device).expand(batch, seqlen)
+    # A document starts where the position does not follow its predecessor (transformers'
+    # own rule for packed position_ids) and at every row start.
+    step = torch.diff(positions, dim=-1, prepend=positions[:, :1] - 1)
+    starts = step != 1
+    starts[:, 0] = True
+    return torch.where(starts.flatten(), token, 0).cummax(0).values
+
+
+def _cu_seqlens(starts: Tensor) -> Tensor:
+    # The start of every token's document, then B*S: non-decreasing and holding every document
+    # start, a valid offsets list (the documents in between empty) of a size known without a
+    # host sync, which also keeps torch.compile's shapes static.
+    return torch.cat([starts, starts.new_full((1,), starts.numel())])
+
+
+def _document_mask(query: Tensor, starts: Tensor) -> Optional[Tensor]:
+    """For SDPA: the (B, 1, S, S) boolean mask of causal attention inside documents, or None
+    where every row is one document."""
+    rows = starts.view(query.shape[0], -1)
+    # A host sync, as in transformers' own detection of packed sequences for SDPA, which only
+    # the layers left dense pay; it spares them an S x S mask when nothing is packed. A
+    # compiled graph cannot branch on the data and takes the mask.
+    if not torch.compiler.is_compiling() and bool((rows == rows[:, :1]).all()):
+        return None
+    causal = torch.ones(rows.shape[-1], rows.shape[-1], dtype=torch.bool,
+                        device=query.device).tril()
+    return ((rows.unsqueeze(-1) == rows.unsqueeze(-2)) & causal).unsqueeze(1)
+
+
+class _LastKL:
+    """A layer's KL term of its last forward. A deep copy of the model starts without one,
+    as a tensor inside an autograd graph cannot be deep-copied."""
+
+    __slots__ = ("term",)
+
+    def __init__(self):
+        self.term = None
+
+    def __deepcopy__(self, memo):
+        return _LastKL()
+
+
+def _kl_buffer(module: nn.Module, query: Tensor) -> Tensor:
+    stats = torch.float64 if query.dtype == torch.float64 else torch.float32
+    buffer = module.msa_kl_value
+    if buffer.dtype != stats or buffer.device != query.device:
+        # model.to(dtype) casts buffers too: the KL value keeps the ops' statistics dtype.
+        module.msa_kl_value = buffer = torch.full((), math.nan, dtype=stats, device=query.device)
+    return buffer
+
+
 def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                           attention_mask: Optional[Tensor], scaling: Optional[float] = None,
-                          dropout: float = 0.0, **kwargs):
+                          dropout: float = 0.0, position_ids: Optional[Tensor] = None,
+                          cu_seq_lens_q: Optional[Tensor] = None, **kwargs):
     """The ``"msa"`` attention function: query (B, H, S, D), key and value (B, Hk, S, D) with
     RoPE applied -> (out (B, S, H, D), None).
 
-    A converted module attends with the library's ops over the whole causal context (a sliding
-    window of the model is not applied) and keeps the KL loss term in ``module.msa_kl`` and the
-    KL value, written by the backward, in ``module.msa_kl_value``. A module that
-    :func:`convert` left dense runs transformers' SDPA attention, causal without a mask.
+    A converted module attends with the library's ops over the whole causal context of each
+    document (a sliding window of the model is not applied), the documents being those of
+    ``cu_seq_lens_q`` or else of ``position_ids``, and keeps the KL loss term for
+    :func:`kl_loss`; the backward writes the KL value into the buffer
+    ``module.msa_kl_value``. A module that :func:`convert` left dense runs transformers' SDPA
+    attention, causal inside the same documents.
     """
     # Checked in every layer, so that a layer left dense fails the same way as the first
     # converted one would.
@@ -88,24 +161,26 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
     if key.shape[2] != query.shape[2]:
         _fail(f"key: expected the queries' length {query.shape[2]} (whole sequences, no cached "
               f"keys), got {key.shape[2]} keys; call the model with use_cache=False")
+    starts = _document_starts(query, position_ids, cu_seq_lens_q)
     if not hasattr(module, "q_proxy_proj"):
-        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout,
+        mask = None if starts is None else _document_mask(query, starts)
+        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     if dropout:
         _fail(f"dropout: expected 0.0 (the MSA ops have no attention dropout), got {dropout}")
-    hidden, (cos, sin) = module._msa_inputs
+    hidden, (cos, sin) = kwargs["msa_hidden_states"], kwargs["msa_position_embeddings"]
     msa = module.config.msa
     # The proxy reads hidden.detach(): the KL trains the proxy projections and nothing else.
     detached = hidden.detach()
     q_proxy = _heads(module.q_proxy_proj(detached), msa["proxy_heads"])
     k_proxy = _heads(module.k_proxy_proj(detached), msa["proxy_kv_heads"])
     q_proxy, k_proxy = module._msa_rotary(q_proxy, k_proxy, cos, sin)
-    stats = torch.float64 if query.dtype == torch.float64 else torch.float32
-    kl_value = torch.full((), math.nan, dtype=stats, device=query.device)
     attend = flash_msa_warmup_func if msa["warmup"] else flash_msa_func
     out, kl = attend(q_proxy, k_proxy, query, key, value, msa["top_k"], scale=scaling,
-                     proxy_scale=q_proxy.shape[-1] ** -0.5, kl_out=kl_value)
-    module.msa_kl, module.msa_kl_value = kl, kl_value
+                     proxy_scale=q_proxy.shape[-1] ** -0.5,
+                     cu_seqlens=None if starts is None else _cu_seqlens(starts),
+                     kl_out=_kl_buffer(module, query))
+    module._msa_kl.term = kl
     return out.unflatten(-1, (query.shape[1], -1)), None
 
 
@@ -152,7 +227,7 @@ def _family(model):
 
 def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = None,
             proxy_kv_heads: int = 1, layers: Optional[Iterable[int]] = None,
-            warmup: bool = False) -> PreTrainedModel:
+            warmup: bool = False, kl_weight: float = 1.0) -> PreTrainedModel:
     """Turns a transformers model of the Llama, Mistral, Qwen2 or Qwen3 family into an MSA model,
     in place, and returns it.
 
@@ -166,6 +241,12 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
     q/k norms stay on the main branch only. ``layers`` names the layer indices to convert (all
     by default); the others run transformers' SDPA attention. ``warmup=True`` runs the dense
     warmup phase (:func:`set_warmup` switches it later).
+
+    ``kl_weight`` (the paper's lambda, a number >= 0): a call with labels returns as ``loss``
+    the language-model loss plus ``kl_weight`` times the KL terms of the converted layers
+    (:func:`kl_loss`). The terms are 0 in value (the loss reads the same) and give the proxy
+    projections, and nothing else, the KL's gradient times ``kl_weight``; 0 leaves the terms
+    to the caller.
 
     With ``top_k`` covering every 128-token block of the sequence, and in warmup mode, the
     logits and the gradients of the model's own weights are those of the original model up to
@@ -191,6 +272,9 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
               f"got {proxy_kv_heads}")
     if not isinstance(warmup, bool):
         _fail(f"hf.convert: warmup: expected a bool, got {warmup!r}")
+    if isinstance(kl_weight, bool) or not isinstance(kl_weight, numbers.Real) \
+            or not math.isfinite(kl_weight) or kl_weight < 0:
+        _fail(f"hf.convert: kl_weight: expected a finite number >= 0, got {kl_weight!r}")
     if getattr(config, "attention_dropout", 0.0):
         _fail(f"hf.convert: model: expected attention_dropout 0.0 (the MSA ops have no attention "
               f"dropout), got {config.attention_dropout}")
@@ -210,12 +294,16 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
         module._msa_rotary = rotary
-        module._msa_inputs = None
-        module.msa_kl = module.msa_kl_value = None
-        module.register_forward_pre_hook(_stash_inputs, with_kwargs=True)
-        module.register_forward_hook(_drop_inputs)
+        module._msa_kl = _LastKL()
+        # One tensor for the layer's whole life, not one per forward: activation checkpointing
+        # replays the forward, and the backward writes into the tensor of the first pass.
+        stats = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        module.register_buffer("msa_kl_value", torch.full((), math.nan, dtype=stats,
+                                                          device=weight.device), persistent=False)
+        module.register_forward_pre_hook(_pass_inputs, with_kwargs=True)
     config.msa = dict(top_k=top_k, proxy_heads=proxy_heads, proxy_kv_heads=proxy_kv_heads,
-                      layers=chosen, warmup=warmup)
+                      layers=chosen, warmup=warmup, kl_weight=float(kl_weight))
+    model.register_forward_hook(_add_kl_to_loss, with_kwargs=True)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return model
 
@@ -238,11 +326,88 @@ def set_warmup(model: PreTrainedModel, enabled: bool) -> None:
 
 
 def kl_loss(model: PreTrainedModel) -> Tensor:
-    """The sum of the KL loss terms of the converted layers' last forward: add it (times the
-    paper's weight) to the language-model loss to train the proxy projections. Its value is 0
-    (the ops' placeholder, docs/python.md); the value to log is in each layer's
-    ``msa_kl_value`` once the backward has run."""
-    terms = [m.msa_kl for m in _converted(model, "kl_loss")]
+    """The sum of the KL loss terms of the converted layers' last forward: add it times the
+    paper's weight to a loss of your own to train the proxy projections (a call with labels
+    adds it times ``kl_weight`` to its ``loss`` already). Its value is 0 (the ops' placeholder,
+    docs/python.md); the value to log is :func:`kl_value` once the backward has run."""
+    modules = _converted(model, "kl_loss")
+    terms = [m._msa_kl.term for m in modules]
     if any(t is None for t in terms):
         _fail("hf.kl_loss: model: expected a forward of the converted model first, got none")
+    if model.training and torch.is_grad_enabled() and any(not t.requires_grad for t in terms) \
+            and any(p.requires_grad for m in modules for p in m.q_proxy_proj.parameters()):
+        # What reentrant activation checkpointing (training mode only) does: the layers'
+        # forward runs without autograd, and its replay in the backward only follows the
+        # layer outputs.
+        _fail("hf.kl_loss: model: expected KL terms with a gradient, got terms computed "
+              "without autograd (activation checkpointing with use_reentrant=True?); use "
+              "use_reentrant=False, transformers' default")
     return torch.stack(terms).sum()
+
+
+def _add_kl_to_loss(model: nn.Module, args: tuple, kwargs: dict, output):
+    weight = model.config.msa["kl_weight"]
+    if not weight or getattr(output, "loss", None) is None:
+        return output
+    kl = kl_loss(model)
+    total = kwargs.get("num_items_in_batch")
+    if total is not None:
+        # The Trainer's gradient accumulation: the language-model loss of each micro-batch is
+        # its sum over tokens divided by the tokens of all micro-batches (num_items_in_batch,
+        # counted over the shifted labels), and the Trainer does not divide it again; the KL,
+        # a mean, gets this micro-batch's share of the tokens likewise.
+        labels = kwargs.get("shift_labels")
+        if labels is None:
+            if kwargs.get("labels") is None:
+                _fail("labels: expected labels (or shift_labels) as a keyword argument with "
+                      "num_items_in_batch, got them positionally")
+            labels = kwargs["labels"][..., 1:]
+        share = (labels != -100).sum().to(kl.device, kl.dtype)
+        kl = kl * share / torch.as_tensor(total).to(kl.device, kl.dtype)
+    output.loss = output.loss + weight * kl
+    return output
+
+
+def kl_value(model: PreTrainedModel) -> Tensor:
+    """The mean over the converted layers of the KL value that the last backward wrote
+    (0-dim fp32, float64 for a float64 model; NaN before the first backward). A tensor on the
+    model's device, so that reading it is the caller's host sync (``float(kl_value(model))``)."""
+    values = [m.msa_kl_value for m in _converted(model, "kl_value")]
+    return torch.stack([v.to(values[0].device) for v in values]).mean()
+
+
+class WarmupCallback(TrainerCallback):
+    """A ``transformers.Trainer`` callback: the converted model trains in the dense warmup
+    phase for the first ``warmup_steps`` optimizer steps, then sparse (:func:`set_warmup`
+    before each step), and every log of the Trainer gains ``msa_kl``, the mean of
+    :func:`kl_value` over the steps since the previous log.
+
+    The Trainer hands the log to the callbacks in their order, and those of ``report_to``
+    come before the ones passed as ``callbacks=``: for them to see ``msa_kl`` too, put this
+    one first, ``trainer.callback_handler.callbacks.insert(0, WarmupCallback(...))``.
+    """
+
+    def __init__(self, warmup_steps: int):
+        steps = _integer(warmup_steps)
+        if steps is None or steps < 0:
+            _fail(f"hf.WarmupCallback: warmup_steps: expected an int >= 0, got {warmup_steps!r}")
+        self.warmup_steps = steps
+        self._kl_sum, self._kl_steps = None, 0
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        set_warmup(model, state.global_step < self.warmup_steps)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        value = kl_value(model)
+        self._kl_sum = value if self._kl_sum is None else self._kl_sum + value
+        self._kl_steps += 1
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or not self._kl_steps or "loss" not in logs:
+            return
+        kl = float(self._kl_sum) / self._kl_steps
+        logs["msa_kl"] = kl
+        # The Trainer records its log history before it calls the callbacks.
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1]["msa_kl"] = kl
+        self._kl_sum, self._kl_steps = None, 0
