@@ -11,6 +11,9 @@ A converted model keeps its modules, weights and forward; what changes:
 - the settings are recorded in ``model.config.msa`` (a dict of :func:`convert`'s keyword
   arguments, ``convert(model, **model.config.msa)`` rebuilds the structure).
 
+``model.save_pretrained(path)`` saves the proxy weights with the others and ``config.msa`` in
+config.json; :func:`from_pretrained` loads such a directory back as an MSA model.
+
 Why a forward pre-hook: the attention function receives the module, the query, key and value
 and keyword arguments, but not the hidden states the proxy projections read, nor the rotary
 cos/sin. A pre-hook on each converted attention module stashes those two inputs of its forward
@@ -25,7 +28,8 @@ from typing import Iterable, Optional
 
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import (MODEL_FOR_CAUSAL_LM_MAPPING, AttentionInterface, AutoConfig,
+                          PreTrainedModel)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.models.llama import modeling_llama
@@ -246,3 +250,38 @@ def kl_loss(model: PreTrainedModel) -> Tensor:
     if any(t is None for t in terms):
         _fail("hf.kl_loss: model: expected a forward of the converted model first, got none")
     return torch.stack(terms).sum()
+
+
+def from_pretrained(path, **kwargs) -> PreTrainedModel:
+    """Loads a model that was converted by :func:`convert` and saved with ``save_pretrained``:
+    the causal LM class of its config, converted with the saved ``config.msa`` (warmup flag
+    included), with every weight of the checkpoint, the proxy projections' too. ``kwargs`` go
+    to transformers' ``from_pretrained`` (``dtype``, ``device_map``, ...).
+
+    ``AutoModelForCausalLM.from_pretrained(path)`` would build the plain model and drop the
+    proxy weights as unexpected keys.
+    """
+    config = AutoConfig.from_pretrained(path)
+    msa = getattr(config, "msa", None)
+    if not isinstance(msa, dict):
+        _fail(f"hf.from_pretrained: path: expected a model saved after flash_msa.hf.convert (a "
+              f"config with 'msa'), got {str(path)!r} whose config has none")
+    if config.model_type not in _FAMILIES:
+        _fail(f"hf.from_pretrained: path: expected a model of the "
+              f"{', '.join(SUPPORTED_MODEL_TYPES)} families (config.model_type), got "
+              f"model_type {config.model_type!r}")
+    base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+
+    # Converting in the constructor gives the model its proxy projections before transformers
+    # loads the checkpoint, so that its own loader fills them with every other weight (dtype,
+    # device_map, shards and tied weights handled as for any model).
+    class Converting(base):
+        def __init__(self, config, *args, **init_kwargs):
+            super().__init__(config, *args, **init_kwargs)
+            convert(self, **config.msa)
+
+    loaded = Converting.from_pretrained(path, config=config, **kwargs)
+    # The subclass only served the construction: the result is the model convert() makes.
+    # (With output_loading_info=True transformers returns (model, loading_info).)
+    (loaded[0] if isinstance(loaded, tuple) else loaded).__class__ = base
+    return loaded

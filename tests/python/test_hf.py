@@ -217,6 +217,41 @@ def test_what_the_converted_attention_rejects():
         hf.kl_loss(converted(make_model("llama")))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", ["sparse", "warmup"])
+def test_save_and_load_give_identical_logits(family, mode, tmp_path):
+    """save_pretrained keeps the proxy weights and config.msa; hf.from_pretrained converts the
+    loaded model again, warmup flag and converted layers included, and loads every weight:
+    bitwise the same logits. (top_k = 128 is sparse at S = 300, so the proxy weights count.)"""
+    msa = converted(make_model(family), top_k=128, layers=[1], warmup=mode == "warmup")
+    msa.save_pretrained(tmp_path)
+    loaded, info = hf.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert type(loaded) is type(msa)
+    assert loaded.config.msa == msa.config.msa
+    assert loaded.config._attn_implementation == hf.ATTN_IMPLEMENTATION
+    ids = tokens()
+    assert torch.equal(logits(loaded, ids), logits(msa, ids))
+    other = "sparse" if mode == "warmup" else "warmup"
+    hf.set_warmup(msa, other == "warmup")
+    hf.set_warmup(loaded, other == "warmup")
+    assert torch.equal(logits(loaded, ids), logits(msa, ids))
+
+
+def test_from_pretrained_takes_transformers_arguments_and_rejects_plain_models(tmp_path):
+    msa = converted(make_model("llama"), top_k=128)
+    msa.save_pretrained(tmp_path / "msa")
+    loaded = hf.from_pretrained(tmp_path / "msa", dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in loaded.parameters())
+    ids = tokens()
+    assert torch.equal(logits(loaded, ids), logits(msa.double(), ids))
+    make_model("llama").save_pretrained(tmp_path / "plain")
+    with pytest.raises(ValueError, match="flash_msa: hf.from_pretrained: path: expected a model "
+                                         "saved after flash_msa.hf.convert .*whose config has "
+                                         "none"):
+        hf.from_pretrained(tmp_path / "plain")
+
+
 @pytest.mark.skipif(not (torch.cuda.is_available() and flash_msa.built_with_cuda()),
                     reason="needs a CUDA device and flash_msa built with CUDA")
 @pytest.mark.parametrize("family", FAMILIES)
