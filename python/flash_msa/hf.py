@@ -73,6 +73,57 @@ def _heads(x: Tensor, heads: int) -> Tensor:
     return x.unflatten(-1, (heads, -1)).transpose(1, 2)
 
 
+def _proxy_projections(module: nn.Module) -> tuple[Tensor, Tensor]:
+    """The proxy q (B, Hp, S, D) and k (B, Hpk, S, D) of the tokens of the module's forward,
+    with the model's RoPE at their positions."""
+    hidden, (cos, sin) = module._msa_inputs
+    msa = module.config.msa
+    # The proxy reads hidden.detach(): the KL trains the proxy projections and nothing else.
+    detached = hidden.detach()
+    q_proxy = _heads(module.q_proxy_proj(detached), msa["proxy_heads"])
+    k_proxy = _heads(module.k_proxy_proj(detached), msa["proxy_kv_heads"])
+    return module._msa_rotary(q_proxy, k_proxy, cos, sin)
+
+
+def _cached_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                              scaling: Optional[float], dropout: float, **kwargs):
+    """Attention of new tokens against transformers' KV cache (``generate``): the queries are at
+    positions past .. past+Sq-1 of the key sequence, past = key length - query length.
+
+    A converted module runs the library's ops with ``query_offset=past``, its proxy keys being
+    those kept by the forwards since the prefill plus the new ones: each query selects among
+    all the cached blocks exactly as in a forward over the whole sequence.
+    """
+    past = key.shape[2] - query.shape[2]
+    if past < 0:
+        _fail(f"key: expected at least the queries' length {query.shape[2]}, got {key.shape[2]}")
+    if not hasattr(module, "q_proxy_proj"):
+        # SDPA's is_causal aligns the queries with the first keys; these are the last ones.
+        causal = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool,
+                            device=query.device).tril(past)
+        return sdpa_attention_forward(module, query, key, value, causal[None, None],
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    if dropout:
+        _fail(f"dropout: expected 0.0 (the MSA ops have no attention dropout), got {dropout}")
+    cached = module._msa_proxy_keys
+    batch = query.shape[0]
+    if cached is None or cached.shape[0] != batch or cached.shape[2] != past:
+        got = "none" if cached is None else f"{cached.shape[2]} of a batch of {cached.shape[0]}"
+        _fail(f"cache: expected the proxy keys of the {past} cached tokens of a batch of {batch} "
+              f"(kept by this model's forwards that filled the cache from its first token, "
+              f"with use_cache=True), got {got}")
+    q_proxy, k_proxy = _proxy_projections(module)
+    k_proxy = torch.cat([cached, k_proxy.detach()], dim=2)
+    module._msa_proxy_keys = k_proxy
+    msa = module.config.msa
+    attend = flash_msa_warmup_func if msa["warmup"] else flash_msa_func
+    out = attend(q_proxy, k_proxy, query, key, value, msa["top_k"], scale=scaling,
+                 proxy_scale=q_proxy.shape[-1] ** -0.5, query_offset=past, return_kl=False)
+    # Decoding trains nothing: no KL term, and kl_loss must not return the prefill's.
+    module.msa_kl = module.msa_kl_value = None
+    return out.unflatten(-1, (query.shape[1], -1)), None
+
+
 def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                           attention_mask: Optional[Tensor], scaling: Optional[float] = None,
                           dropout: float = 0.0, **kwargs):
@@ -83,6 +134,8 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
     window of the model is not applied) and keeps the KL loss term in ``module.msa_kl`` and the
     KL value, written by the backward, in ``module.msa_kl_value``. A module that
     :func:`convert` left dense runs transformers' SDPA attention, causal without a mask.
+    Keys longer than the queries come from transformers' KV cache (``generate``): see
+    ``_cached_attention_forward``; a forward with ``use_cache`` keeps its proxy keys for it.
     """
     # Checked in every layer, so that a layer left dense fails the same way as the first
     # converted one would.
@@ -90,20 +143,16 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
         _fail("attention_mask: expected no padding (MSA attends causally over whole sequences), "
               f"got a mask of shape {tuple(attention_mask.shape)}")
     if key.shape[2] != query.shape[2]:
-        _fail(f"key: expected the queries' length {query.shape[2]} (whole sequences, no cached "
-              f"keys), got {key.shape[2]} keys; call the model with use_cache=False")
+        return _cached_attention_forward(module, query, key, value, scaling, dropout, **kwargs)
     if not hasattr(module, "q_proxy_proj"):
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout,
                                       scaling=scaling, **kwargs)
     if dropout:
         _fail(f"dropout: expected 0.0 (the MSA ops have no attention dropout), got {dropout}")
-    hidden, (cos, sin) = module._msa_inputs
     msa = module.config.msa
-    # The proxy reads hidden.detach(): the KL trains the proxy projections and nothing else.
-    detached = hidden.detach()
-    q_proxy = _heads(module.q_proxy_proj(detached), msa["proxy_heads"])
-    k_proxy = _heads(module.k_proxy_proj(detached), msa["proxy_kv_heads"])
-    q_proxy, k_proxy = module._msa_rotary(q_proxy, k_proxy, cos, sin)
+    q_proxy, k_proxy = _proxy_projections(module)
+    # Decoding steps with the cache this forward fills read these; None frees the last ones.
+    module._msa_proxy_keys = k_proxy.detach() if kwargs.get("use_cache") else None
     stats = torch.float64 if query.dtype == torch.float64 else torch.float32
     kl_value = torch.full((), math.nan, dtype=stats, device=query.device)
     attend = flash_msa_warmup_func if msa["warmup"] else flash_msa_func
@@ -173,8 +222,10 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
 
     With ``top_k`` covering every 128-token block of the sequence, and in warmup mode, the
     logits and the gradients of the model's own weights are those of the original model up to
-    rounding; the KL terms (:func:`kl_loss`) train only the proxy projections. Not supported:
-    padding masks, cached decoding and attention dropout (ValueError); a sliding window is not
+    rounding; the KL terms (:func:`kl_loss`) train only the proxy projections. Decoding with
+    transformers' KV cache (``generate``, greedy or sampling; not beam search: it reorders the
+    cache's rows, not the proxy keys) gives the tokens of forwards over whole sequences. Not
+    supported: padding masks and attention dropout (ValueError); a sliding window is not
     applied to converted layers.
     """
     attention_class, rotary = _family(model)
@@ -214,7 +265,7 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
         module._msa_rotary = rotary
-        module._msa_inputs = None
+        module._msa_inputs = module._msa_proxy_keys = None
         module.msa_kl = module.msa_kl_value = None
         module.register_forward_pre_hook(_stash_inputs, with_kwargs=True)
         module.register_forward_hook(_drop_inputs)
