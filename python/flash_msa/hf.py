@@ -13,6 +13,8 @@ A converted model keeps its modules, weights and forward; what changes:
 
 ``model.save_pretrained(path)`` saves the proxy weights with the others and ``config.msa`` in
 config.json; :func:`from_pretrained` loads such a directory back as an MSA model.
+``model.generate`` decodes with transformers' KV cache: the new tokens run the same ops with
+``query_offset`` (no decode kernel), against the proxy keys each layer kept of the cached ones.
 
 Why a forward pre-hook: the attention function receives the module, the query, key and value
 and keyword arguments, but not the hidden states the proxy projections read, nor the rotary
