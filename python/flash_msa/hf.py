@@ -97,8 +97,6 @@ def _cached_attention_forward(module: nn.Module, query: Tensor, key: Tensor, val
     all the cached blocks exactly as in a forward over the whole sequence.
     """
     past = key.shape[2] - query.shape[2]
-    if past < 0:
-        _fail(f"key: expected at least the queries' length {query.shape[2]}, got {key.shape[2]}")
     if not hasattr(module, "q_proxy_proj"):
         # SDPA's is_causal aligns the queries with the first keys; these are the last ones.
         causal = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool,

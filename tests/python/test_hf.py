@@ -252,6 +252,13 @@ def test_from_pretrained_takes_transformers_arguments_and_rejects_plain_models(t
                                          "saved after flash_msa.hf.convert .*whose config has "
                                          "none"):
         hf.from_pretrained(tmp_path / "plain")
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=1, n_head=2))
+    gpt2.config.msa = dict(top_k=128)
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="flash_msa: hf.from_pretrained: path: expected a model "
+                                         "of the llama, mistral, qwen2, qwen3 families.*'gpt2'"):
+        hf.from_pretrained(tmp_path / "gpt2")
 
 
 def generate(model, ids, new):
@@ -303,6 +310,20 @@ def test_generate_where_msa_is_dense_gives_the_original_tokens(mode):
     got, got_logits = generate(msa, ids, 20)
     assert torch.equal(got, want)
     assert max_err(got_logits, want_logits) <= 1e-4
+
+
+def test_decoding_past_a_sliding_window_is_rejected():
+    """transformers' cache keeps only the last sliding_window keys of a Mistral model, while a
+    converted layer attends over the whole context: the step after the window raises."""
+    config = family_config("mistral")
+    config.sliding_window = 256
+    torch.manual_seed(70)
+    msa = converted(transformers.MistralForCausalLM(config).eval(), top_k=128)
+    ids = tokens()[:, :250]
+    assert generate(msa, ids, 7)[0].shape[1] == 257  # the last step's keys fill the window
+    with pytest.raises(ValueError, match="flash_msa: cache: expected the proxy keys of the 255 "
+                                         "cached tokens .*got 256"):
+        generate(msa, ids, 8)
 
 
 def test_a_chunk_of_tokens_against_the_cache():
