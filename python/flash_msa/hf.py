@@ -15,6 +15,11 @@ A converted model keeps its modules, weights and forward; what changes:
 - the settings are recorded in ``model.config.msa`` (a dict of :func:`convert`'s keyword
   arguments, ``convert(model, **model.config.msa)`` rebuilds the structure).
 
+``model.save_pretrained(path)`` saves the proxy weights with the others and ``config.msa`` in
+config.json; :func:`from_pretrained` loads such a directory back as an MSA model.
+``model.generate`` decodes with transformers' KV cache: the new tokens run the same ops with
+``query_offset`` (no decode kernel), against the proxy keys each layer kept of the cached ones.
+
 Why a forward pre-hook: the attention function receives the module, the query, key and value
 and the keyword arguments of the module's forward, but not the hidden states the proxy
 projections read, nor the rotary cos/sin. A pre-hook on each converted attention module adds
@@ -32,7 +37,8 @@ from typing import Iterable, Optional
 
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel, TrainerCallback
+from transformers import (MODEL_FOR_CAUSAL_LM_MAPPING, AttentionInterface, AutoConfig,
+                          PreTrainedModel, TrainerCallback)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.models.llama import modeling_llama
@@ -139,6 +145,55 @@ def _kl_buffer(module: nn.Module, query: Tensor) -> Tensor:
     return buffer
 
 
+def _proxy_projections(module: nn.Module, kwargs: dict) -> tuple[Tensor, Tensor]:
+    """The proxy q (B, Hp, S, D) and k (B, Hpk, S, D) of the tokens of the module's forward,
+    with the model's RoPE at their positions (the inputs the pre-hook passes on)."""
+    hidden, (cos, sin) = kwargs["msa_hidden_states"], kwargs["msa_position_embeddings"]
+    msa = module.config.msa
+    # The proxy reads hidden.detach(): the KL trains the proxy projections and nothing else.
+    detached = hidden.detach()
+    q_proxy = _heads(module.q_proxy_proj(detached), msa["proxy_heads"])
+    k_proxy = _heads(module.k_proxy_proj(detached), msa["proxy_kv_heads"])
+    return module._msa_rotary(q_proxy, k_proxy, cos, sin)
+
+
+def _cached_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                              scaling: Optional[float], dropout: float, **kwargs):
+    """Attention of new tokens against transformers' KV cache (``generate``): the queries are at
+    positions past .. past+Sq-1 of the key sequence, past = key length - query length.
+
+    A converted module runs the library's ops with ``query_offset=past``, its proxy keys being
+    those kept by the forwards since the prefill plus the new ones: each query selects among
+    all the cached blocks exactly as in a forward over the whole sequence.
+    """
+    past = key.shape[2] - query.shape[2]
+    if not hasattr(module, "q_proxy_proj"):
+        # SDPA's is_causal aligns the queries with the first keys; these are the last ones.
+        causal = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool,
+                            device=query.device).tril(past)
+        return sdpa_attention_forward(module, query, key, value, causal[None, None],
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    if dropout:
+        _fail(f"dropout: expected 0.0 (the MSA ops have no attention dropout), got {dropout}")
+    cached = module._msa_proxy_keys
+    batch = query.shape[0]
+    if cached is None or cached.shape[0] != batch or cached.shape[2] != past:
+        got = "none" if cached is None else f"{cached.shape[2]} of a batch of {cached.shape[0]}"
+        _fail(f"cache: expected the proxy keys of the {past} cached tokens of a batch of {batch} "
+              f"(kept by this model's forwards that filled the cache from its first token, "
+              f"with use_cache=True), got {got}")
+    q_proxy, k_proxy = _proxy_projections(module, kwargs)
+    k_proxy = torch.cat([cached, k_proxy.detach()], dim=2)
+    module._msa_proxy_keys = k_proxy
+    msa = module.config.msa
+    attend = flash_msa_warmup_func if msa["warmup"] else flash_msa_func
+    out = attend(q_proxy, k_proxy, query, key, value, msa["top_k"], scale=scaling,
+                 proxy_scale=q_proxy.shape[-1] ** -0.5, query_offset=past, return_kl=False)
+    # Decoding trains nothing: no KL term, and kl_loss must not return the prefill's.
+    module._msa_kl.term = None
+    return out.unflatten(-1, (query.shape[1], -1)), None
+
+
 def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                           attention_mask: Optional[Tensor], scaling: Optional[float] = None,
                           dropout: float = 0.0, position_ids: Optional[Tensor] = None,
@@ -152,6 +207,8 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
     :func:`kl_loss`; the backward writes the KL value into the buffer
     ``module.msa_kl_value``. A module that :func:`convert` left dense runs transformers' SDPA
     attention, causal inside the same documents.
+    Keys longer than the queries come from transformers' KV cache (``generate``): see
+    ``_cached_attention_forward``; a forward with ``use_cache`` keeps its proxy keys for it.
     """
     # Checked in every layer, so that a layer left dense fails the same way as the first
     # converted one would.
@@ -159,8 +216,7 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
         _fail("attention_mask: expected no padding (MSA attends causally over whole sequences), "
               f"got a mask of shape {tuple(attention_mask.shape)}")
     if key.shape[2] != query.shape[2]:
-        _fail(f"key: expected the queries' length {query.shape[2]} (whole sequences, no cached "
-              f"keys), got {key.shape[2]} keys; call the model with use_cache=False")
+        return _cached_attention_forward(module, query, key, value, scaling, dropout, **kwargs)
     starts = _document_starts(query, position_ids, cu_seq_lens_q)
     if not hasattr(module, "q_proxy_proj"):
         mask = None if starts is None else _document_mask(query, starts)
@@ -168,13 +224,10 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
                                       scaling=scaling, **kwargs)
     if dropout:
         _fail(f"dropout: expected 0.0 (the MSA ops have no attention dropout), got {dropout}")
-    hidden, (cos, sin) = kwargs["msa_hidden_states"], kwargs["msa_position_embeddings"]
     msa = module.config.msa
-    # The proxy reads hidden.detach(): the KL trains the proxy projections and nothing else.
-    detached = hidden.detach()
-    q_proxy = _heads(module.q_proxy_proj(detached), msa["proxy_heads"])
-    k_proxy = _heads(module.k_proxy_proj(detached), msa["proxy_kv_heads"])
-    q_proxy, k_proxy = module._msa_rotary(q_proxy, k_proxy, cos, sin)
+    q_proxy, k_proxy = _proxy_projections(module, kwargs)
+    # Decoding steps with the cache this forward fills read these; None frees the last ones.
+    module._msa_proxy_keys = k_proxy.detach() if kwargs.get("use_cache") else None
     attend = flash_msa_warmup_func if msa["warmup"] else flash_msa_func
     out, kl = attend(q_proxy, k_proxy, query, key, value, msa["top_k"], scale=scaling,
                      proxy_scale=q_proxy.shape[-1] ** -0.5,
@@ -250,8 +303,10 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
 
     With ``top_k`` covering every 128-token block of the sequence, and in warmup mode, the
     logits and the gradients of the model's own weights are those of the original model up to
-    rounding; the KL terms (:func:`kl_loss`) train only the proxy projections. Not supported:
-    padding masks, cached decoding and attention dropout (ValueError); a sliding window is not
+    rounding; the KL terms (:func:`kl_loss`) train only the proxy projections. Decoding with
+    transformers' KV cache (``generate``, greedy or sampling; not beam search: it reorders the
+    cache's rows, not the proxy keys) gives the tokens of forwards over whole sequences. Not
+    supported: padding masks and attention dropout (ValueError); a sliding window is not
     applied to converted layers.
     """
     attention_class, rotary = _family(model)
@@ -295,6 +350,7 @@ def convert(model: PreTrainedModel, *, top_k: int, proxy_heads: Optional[int] = 
                 nn.init.zeros_(proj.bias)
         module._msa_rotary = rotary
         module._msa_kl = _LastKL()
+        module._msa_proxy_keys = None
         # One tensor for the layer's whole life, not one per forward: activation checkpointing
         # replays the forward, and the backward writes into the tensor of the first pass.
         stats = torch.float64 if weight.dtype == torch.float64 else torch.float32
@@ -411,3 +467,38 @@ class WarmupCallback(TrainerCallback):
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1]["msa_kl"] = kl
         self._kl_sum, self._kl_steps = None, 0
+
+
+def from_pretrained(path, **kwargs) -> PreTrainedModel:
+    """Loads a model that was converted by :func:`convert` and saved with ``save_pretrained``:
+    the causal LM class of its config, converted with the saved ``config.msa`` (warmup flag
+    included), with every weight of the checkpoint, the proxy projections' too. ``kwargs`` go
+    to transformers' ``from_pretrained`` (``dtype``, ``device_map``, ...).
+
+    ``AutoModelForCausalLM.from_pretrained(path)`` would build the plain model and drop the
+    proxy weights as unexpected keys.
+    """
+    config = AutoConfig.from_pretrained(path)
+    msa = getattr(config, "msa", None)
+    if not isinstance(msa, dict):
+        _fail(f"hf.from_pretrained: path: expected a model saved after flash_msa.hf.convert (a "
+              f"config with 'msa'), got {str(path)!r} whose config has none")
+    if config.model_type not in _FAMILIES:
+        _fail(f"hf.from_pretrained: path: expected a model of the "
+              f"{', '.join(SUPPORTED_MODEL_TYPES)} families (config.model_type), got "
+              f"model_type {config.model_type!r}")
+    base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+
+    # Converting in the constructor gives the model its proxy projections before transformers
+    # loads the checkpoint, so that its own loader fills them with every other weight (dtype,
+    # device_map, shards and tied weights handled as for any model).
+    class Converting(base):
+        def __init__(self, config, *args, **init_kwargs):
+            super().__init__(config, *args, **init_kwargs)
+            convert(self, **config.msa)
+
+    loaded = Converting.from_pretrained(path, config=config, **kwargs)
+    # The subclass only served the construction: the result is the model convert() makes.
+    # (With output_loading_info=True transformers returns (model, loading_info).)
+    (loaded[0] if isinstance(loaded, tuple) else loaded).__class__ = base
+    return loaded

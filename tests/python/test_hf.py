@@ -208,14 +208,137 @@ def test_what_the_converted_attention_rejects():
     padded[0, :5] = 0
     with pytest.raises(ValueError, match="flash_msa: attention_mask: expected no padding"):
         msa(ids, attention_mask=padded, use_cache=False)
-    with pytest.raises(ValueError, match="flash_msa: key: expected the queries' length 1"):
-        past = msa(ids[:, :-1], use_cache=True).past_key_values
+    past = msa(ids[:, :-1], use_cache=True).past_key_values
+    msa(ids, use_cache=False)  # another sequence: its proxy keys replace the cached ones
+    with pytest.raises(ValueError, match="flash_msa: cache: expected the proxy keys of the 299 "
+                                         "cached tokens of a batch of 2 .*got none"):
         msa(ids[:, -1:], cache=past, use_cache=True)
     with pytest.raises(ValueError, match="flash_msa: hf.kl_loss: model: expected a model "
                                          "converted"):
         hf.kl_loss(make_model("llama"))
     with pytest.raises(ValueError, match="flash_msa: hf.kl_loss: model: expected a forward"):
         hf.kl_loss(converted(make_model("llama")))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", ["sparse", "warmup"])
+def test_save_and_load_give_identical_logits(family, mode, tmp_path):
+    """save_pretrained keeps the proxy weights and config.msa; hf.from_pretrained converts the
+    loaded model again, warmup flag and converted layers included, and loads every weight:
+    bitwise the same logits. (At top_k = 256 the queries of the last block of S = 300 select
+    one of the two others: the proxy weights count.)"""
+    msa = converted(make_model(family), top_k=256, layers=[1], warmup=mode == "warmup")
+    msa.save_pretrained(tmp_path)
+    loaded, info = hf.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert type(loaded) is type(msa)
+    assert loaded.config.msa == msa.config.msa
+    assert loaded.config._attn_implementation == hf.ATTN_IMPLEMENTATION
+    ids = tokens()
+    assert torch.equal(logits(loaded, ids), logits(msa, ids))
+    other = "sparse" if mode == "warmup" else "warmup"
+    hf.set_warmup(msa, other == "warmup")
+    hf.set_warmup(loaded, other == "warmup")
+    assert torch.equal(logits(loaded, ids), logits(msa, ids))
+
+
+def test_from_pretrained_takes_transformers_arguments_and_rejects_plain_models(tmp_path):
+    msa = converted(make_model("llama"), top_k=256)
+    msa.save_pretrained(tmp_path / "msa")
+    loaded = hf.from_pretrained(tmp_path / "msa", dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in loaded.parameters())
+    ids = tokens()
+    assert torch.equal(logits(loaded, ids), logits(msa.double(), ids))
+    make_model("llama").save_pretrained(tmp_path / "plain")
+    with pytest.raises(ValueError, match="flash_msa: hf.from_pretrained: path: expected a model "
+                                         "saved after flash_msa.hf.convert .*whose config has "
+                                         "none"):
+        hf.from_pretrained(tmp_path / "plain")
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=1, n_head=2))
+    gpt2.config.msa = dict(top_k=128)
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="flash_msa: hf.from_pretrained: path: expected a model "
+                                         "of the llama, mistral, qwen2, qwen3 families.*'gpt2'"):
+        hf.from_pretrained(tmp_path / "gpt2")
+
+
+def generate(model, ids, new):
+    """Greedy generate() with the KV cache: the tokens and the logits of each step. No end of
+    sequence, so that every row runs all steps."""
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                             do_sample=False, use_cache=True, eos_token_id=None, pad_token_id=0,
+                             return_dict_in_generate=True, output_logits=True)
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def greedy_reference(model, ids, new):
+    """MSA decoding the straightforward way: each step a forward over the whole sequence without
+    a cache (every query selects its blocks among all the keys), then the argmax."""
+    steps = []
+    for _ in range(new):
+        step = logits(model, ids)[:, -1]
+        steps.append(step)
+        ids = torch.cat([ids, step.argmax(-1, keepdim=True)], 1)
+    return ids, torch.stack(steps, 1)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_generate_with_the_cache_decodes_as_whole_forwards(family):
+    """370 prompt tokens, 20 new ones crossing the block boundary at 384, top_k = 256: each new
+    token attends to its own block and one of two or three earlier ones, chosen by the proxy
+    among all the cached keys. generate() with the cache gives the tokens of whole forwards
+    without it, its logits to rounding, and sparsity changes them (against top_k = 512)."""
+    msa = converted(make_model(family), top_k=256)
+    ids = tokens()[:, :370]
+    want, want_logits = greedy_reference(msa, ids, 20)
+    got, got_logits = generate(msa, ids, 20)
+    assert torch.equal(got, want)
+    assert max_err(got_logits, want_logits) <= 1e-4
+    msa.config.msa["top_k"] = 512
+    assert max_err(generate(msa, ids, 20)[1], got_logits) > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["sparse", "warmup"])
+def test_generate_where_msa_is_dense_gives_the_original_tokens(mode):
+    """top_k covering every block of the 320 tokens, and warmup: the original model's greedy
+    tokens. Layer 0 left dense runs SDPA against the cache."""
+    model = make_model("mistral")
+    ids = tokens()[:, :300]
+    want, want_logits = generate(model, ids, 20)
+    msa = converted(model, top_k=384 if mode == "sparse" else 128, layers=[1],
+                    warmup=mode == "warmup")
+    got, got_logits = generate(msa, ids, 20)
+    assert torch.equal(got, want)
+    assert max_err(got_logits, want_logits) <= 1e-4
+
+
+def test_decoding_past_a_sliding_window_is_rejected():
+    """transformers' cache keeps only the last sliding_window keys of a Mistral model, while a
+    converted layer attends over the whole context: the step after the window raises."""
+    config = family_config("mistral")
+    config.sliding_window = 256
+    torch.manual_seed(70)
+    msa = converted(transformers.MistralForCausalLM(config).eval(), top_k=128)
+    ids = tokens()[:, :250]
+    assert generate(msa, ids, 7)[0].shape[1] == 257  # the last step's keys fill the window
+    with pytest.raises(ValueError, match="flash_msa: cache: expected the proxy keys of the 255 "
+                                         "cached tokens .*got 256"):
+        generate(msa, ids, 8)
+
+
+def test_a_chunk_of_tokens_against_the_cache():
+    """Several new tokens at once after a cached prefix (a prompt continued in chunks): the
+    logits of one forward over the whole sequence: the chunk's queries select among the blocks
+    of the cached keys (top_k = 256 of 300 tokens). Layer 0, left dense, needs its causal mask
+    aligned with the last keys."""
+    msa = converted(make_model("qwen2"), top_k=256, layers=[1])
+    ids = tokens()
+    with torch.no_grad():
+        cache = msa(ids[:, :250], use_cache=True).past_key_values
+        chunk = msa(ids[:, 250:], cache=cache, use_cache=True).logits
+    assert max_err(chunk, logits(msa, ids)[:, 250:]) <= 1e-4
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and flash_msa.built_with_cuda()),
