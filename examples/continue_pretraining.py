@@ -19,7 +19,8 @@ offsets of the validation text.
    the same --steps steps on the same batches: --warmup-steps in warmup mode (dense attention;
    the KL loss trains the proxy from the main attention), then sparse. The loss is the LM loss
    plus --kl-weight * flash_msa.hf.kl_loss(model); the KL value logged is the sum over layers of
-   each layer's msa_kl_value after the backward.
+   each layer's msa_kl_value after the backward. The proxy projections, new and randomly
+   initialised among pretrained weights, train at their own --proxy-lr.
 
 Every --eval-every steps: the validation loss of both continuations and, for msa, the proxy's
 block recall on the first --recall-seqs validation windows: per layer, for every query that sees
@@ -112,7 +113,12 @@ def train(name, model, args, steps, lr, gen, evaluate, log, warmup_steps=None):
     (warmup mode for that many steps, then sparse). evaluate(step) -> dict, run every
     --eval-every steps and at the end. Returns the run's record."""
     msa = warmup_steps is not None
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    proxy = [p for n, p in model.named_parameters() if "_proxy_proj." in n]
+    others = [p for n, p in model.named_parameters() if "_proxy_proj." not in n]
+    groups = [{"params": others}]
+    if proxy:  # new and randomly initialised among pretrained weights: a learning rate of its own
+        groups.append({"params": proxy, "lr": args.proxy_lr})
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     ramp = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / ramp) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / steps))))
@@ -283,6 +289,8 @@ def parse(argv):
     p.add_argument("--warmup-steps", type=int, default=40,
                    help="first continuation steps of the msa model in warmup mode")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the continuations")
+    p.add_argument("--proxy-lr", type=float, default=1e-2,
+                   help="peak learning rate of the proxy projections")
     p.add_argument("--kl-weight", type=float, default=0.1)
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--val-every", type=int, default=20,
@@ -302,7 +310,8 @@ def parse(argv):
         p.error(f"--recall-seqs: expected at most --val-seqs ({args.val_seqs})")
     if args.device == "cuda" and not (torch.cuda.is_available() and flash_msa.built_with_cuda()):
         p.error("--device cuda: needs a GPU and flash_msa built with CUDA")
-    # The CUDA kernels take bf16/fp16; the CPU trains in fp32.
+    # The CUDA ops take bf16/fp16, hence bf16 weights rather than autocast: under autocast the
+    # model's RoPE multiplies the bf16 q/k by cos/sin in the residual stream's fp32.
     args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     return args
 
