@@ -310,8 +310,8 @@ def parse(argv):
         p.error(f"--recall-seqs: expected at most --val-seqs ({args.val_seqs})")
     if args.device == "cuda" and not (torch.cuda.is_available() and flash_msa.built_with_cuda()):
         p.error("--device cuda: needs a GPU and flash_msa built with CUDA")
-    # The CUDA ops take bf16/fp16, hence bf16 weights rather than autocast: under autocast the
-    # model's RoPE multiplies the bf16 q/k by cos/sin in the residual stream's fp32.
+    # The CUDA ops take bf16/fp16: bf16 weights on the GPU (the example keeps one dtype
+    # throughout; a converted model also runs under autocast).
     args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     return args
 

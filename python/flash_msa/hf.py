@@ -145,16 +145,19 @@ def _kl_buffer(module: nn.Module, query: Tensor) -> Tensor:
     return buffer
 
 
-def _proxy_projections(module: nn.Module, kwargs: dict) -> tuple[Tensor, Tensor]:
+def _proxy_projections(module: nn.Module, kwargs: dict, dtype: torch.dtype
+                       ) -> tuple[Tensor, Tensor]:
     """The proxy q (B, Hp, S, D) and k (B, Hpk, S, D) of the tokens of the module's forward,
-    with the model's RoPE at their positions (the inputs the pre-hook passes on)."""
+    with the model's RoPE at their positions (the inputs the pre-hook passes on), in
+    ``dtype``."""
     hidden, (cos, sin) = kwargs["msa_hidden_states"], kwargs["msa_position_embeddings"]
     msa = module.config.msa
     # The proxy reads hidden.detach(): the KL trains the proxy projections and nothing else.
     detached = hidden.detach()
     q_proxy = _heads(module.q_proxy_proj(detached), msa["proxy_heads"])
     k_proxy = _heads(module.k_proxy_proj(detached), msa["proxy_kv_heads"])
-    return module._msa_rotary(q_proxy, k_proxy, cos, sin)
+    q_proxy, k_proxy = module._msa_rotary(q_proxy, k_proxy, cos, sin)
+    return q_proxy.to(dtype), k_proxy.to(dtype)
 
 
 def _cached_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
@@ -182,7 +185,7 @@ def _cached_attention_forward(module: nn.Module, query: Tensor, key: Tensor, val
         _fail(f"cache: expected the proxy keys of the {past} cached tokens of a batch of {batch} "
               f"(kept by this model's forwards that filled the cache from its first token, "
               f"with use_cache=True), got {got}")
-    q_proxy, k_proxy = _proxy_projections(module, kwargs)
+    q_proxy, k_proxy = _proxy_projections(module, kwargs, value.dtype)
     k_proxy = torch.cat([cached, k_proxy.detach()], dim=2)
     module._msa_proxy_keys = k_proxy
     msa = module.config.msa
@@ -215,6 +218,10 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
     if attention_mask is not None:
         _fail("attention_mask: expected no padding (MSA attends causally over whole sequences), "
               f"got a mask of shape {tuple(attention_mask.shape)}")
+    # Under autocast the model's RoPE multiplies q and k (the proxy's too), projected in the
+    # autocast dtype, by fp32 cos/sin: they come in fp32 beside v in the autocast dtype. The
+    # ops take one dtype, v's (without autocast all four have it already).
+    query, key = query.to(value.dtype), key.to(value.dtype)
     if key.shape[2] != query.shape[2]:
         return _cached_attention_forward(module, query, key, value, scaling, dropout, **kwargs)
     starts = _document_starts(query, position_ids, cu_seq_lens_q)
@@ -225,7 +232,7 @@ def msa_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: 
     if dropout:
         _fail(f"dropout: expected 0.0 (the MSA ops have no attention dropout), got {dropout}")
     msa = module.config.msa
-    q_proxy, k_proxy = _proxy_projections(module, kwargs)
+    q_proxy, k_proxy = _proxy_projections(module, kwargs, value.dtype)
     # Decoding steps with the cache this forward fills read these; None frees the last ones.
     module._msa_proxy_keys = k_proxy.detach() if kwargs.get("use_cache") else None
     attend = flash_msa_warmup_func if msa["warmup"] else flash_msa_func

@@ -106,6 +106,25 @@ def test_logits_equal_the_original_where_msa_is_dense(family, mode):
         assert max_err(logits(msa, ids), ref64) > 1e-3
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_autocast_runs_the_ops_in_the_autocast_dtype(family):
+    """Under autocast the model's RoPE hands the attention fp32 q/k beside bf16 v: a converted
+    model runs (the ops take one dtype) and matches the original under the same autocast to
+    the rule, with the proxy trained through the KL."""
+    model = make_model(family)
+    ids = tokens()
+    ref64 = logits(float64(model), ids)
+    msa = converted(model, kl_weight=1.0).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        baseline = logits(model, ids)
+        out = msa(ids, labels=ids, use_cache=False)
+    check_rule(f"{family} autocast logits", out.logits.detach(), ref64, baseline, atol=1e-5)
+    out.loss.backward()
+    proxy = msa.model.layers[0].self_attn.q_proxy_proj.weight.grad
+    assert proxy is not None and proxy.abs().max() > 0
+    assert torch.isfinite(hf.kl_value(msa))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gradients_main_weights_as_the_original_proxy_through_the_kl(family):
     """float64, dense top_k: the loss plus the KL terms gives the model's own weights the
