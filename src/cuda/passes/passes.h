@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "cuda/backward/portable/sparse_portable.h"
+#include "cuda/backward/sparse_params.h"
 #include "cuda/common/shape.h"
 #include "cuda/schedule/schedule.h"
 #include "flash_msa/msa.h"

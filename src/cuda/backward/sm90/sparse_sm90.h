@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/backward/portable/sparse_portable.h"
+#include "cuda/backward/sparse_params.h"
 #include "cuda/host/impl.h"
 
 namespace flash_msa::cuda::sm90 {

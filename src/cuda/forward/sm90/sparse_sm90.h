@@ -6,7 +6,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/forward/portable/sparse_portable.h"
+#include "cuda/forward/sparse_params.h"
 #include "cuda/host/impl.h"
 
 namespace flash_msa::cuda::sm90 {

@@ -1,7 +1,7 @@
 // Parameters and launcher of the portable proxy-branch kernel over the selected blocks (SPEC
 // section 3 and the proxy half of section 4), key-block-outer on the schedule's work items like
 // the main kernels; explicitly instantiated per dtype (proxy_bf16.cu, proxy_fp16.cu) for Dp in
-// {32, 64, 128}. Edges and items are numbered as in forward/portable/sparse_portable.h.
+// {32, 64, 128}. Edges and items are numbered as in forward/sparse_params.h.
 #pragma once
 
 #include <cuda_runtime.h>

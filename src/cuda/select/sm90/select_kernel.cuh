@@ -42,7 +42,7 @@
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/common/wgmma_sm90.cuh"
 #include "cuda/host/impl.h"
-#include "cuda/select/portable/select_kernel.cuh"
+#include "cuda/select/select_tile.cuh"
 #include "cuda/select/sm90/select_sm90.h"
 
 namespace flash_msa::cuda::sm90::block_select {

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "cuda/select/portable/select_portable.h"
+#include "cuda/select/select_params.h"
 
 namespace flash_msa::cuda::sm90 {
 
