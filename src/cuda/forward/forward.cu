@@ -9,15 +9,16 @@
 // proxy kernel's KL terms and their per-row sums, and finally the fixed-order reduction.
 //
 // The tile path (Hopper, Dp = 128, without the KL value): query tiles of 128 positions whose
-// queries all selected the same blocks (schedule::Tiles; a selection made per query block, and
-// the first tiles, whose queries select every visible block) run query-outer on warmup/sm90's
-// dense forward over their blocks, which writes their out, lse and lse_proxy directly; their
-// tokens get no edges, so the key-outer kernels and the merge skip them. It needs no partials
-// and no merge for those tokens. The KL value's teacher pass walks the edges, so a call asking
-// for the value keeps every token key-outer.
+// queries all selected the same blocks (schedule::Tiles; a selection made per query block, and the
+// first tiles, whose queries select every visible block) run query-outer on the Hopper dense
+// forward (forward/sm90/dense_sm90.h) over their blocks, which writes their out, lse and lse_proxy
+// directly; their tokens get no edges, so the key-outer kernels and the merge skip them. It needs
+// no partials and no merge for those tokens. The KL value's teacher pass walks the edges, so a call
+// asking for the value keeps every token key-outer.
 #include <cstdint>
 
 #include "cuda/forward/portable/sparse_portable.h"
+#include "cuda/forward/sm90/dense_sm90.h"
 #include "cuda/forward/sm90/sparse_sm90.h"
 #include "cuda/host/dispatch.h"
 #include "cuda/host/impl.h"
@@ -25,7 +26,6 @@
 #include "cuda/host/plan.h"
 #include "cuda/passes/passes.h"
 #include "cuda/proxy/portable/proxy_portable.h"
-#include "cuda/warmup/sm90/warmup_sm90.h"
 #include "cuda/warmup/warmup.h"
 #include "flash_msa/cuda.h"
 

@@ -66,7 +66,8 @@ Kernels sparse_kernels(const Problem& problem) {
 }
 
 Kernels warmup_kernels(const Problem& problem) {
-  // The Hopper dense kernels are instantiated for D = Dp = 128 (warmup/sm90).
+  // The Hopper dense kernels are instantiated for D = Dp = 128 (forward/sm90/dense.cu and
+  // warmup/sm90).
   return problem.head_dim == 128 && problem.proxy_head_dim == 128 ? hopper_unless_forced()
                                                                   : Kernels::kPortable;
 }

@@ -1,12 +1,13 @@
-// Host entry of warmup mode (SPEC section 5): both branches over every visible key. Validation,
-// the CUDA backend's limits, the workspace and the launches of the kernels warmup_kernels()
-// picks: the Hopper dense kernels (warmup/sm90; D = Dp = 128, G <= 64) or the portable
-// query-outer ones (warmup/portable; G <= 16). A forward asked for the KL value also runs the
-// portable forward, whose second walk computes it (into scratch outputs where the Hopper forward
-// writes the results); the default is the backward's value, which the Hopper backward computes
-// from the teacher it has at hand.
+// Host entry of warmup mode (SPEC section 5): both branches over every visible key. Validation, the
+// CUDA backend's limits, the workspace and the launches of the kernels warmup_kernels() picks: the
+// Hopper dense kernels (forward/sm90/dense_sm90.h and warmup/sm90; D = Dp = 128, G <= 64) or the
+// portable query-outer ones (warmup/portable; G <= 16). A forward asked for the KL value also runs
+// the portable forward, whose second walk computes it (into scratch outputs where the Hopper
+// forward writes the results); the default is the backward's value, which the Hopper backward
+// computes from the teacher it has at hand.
 #include <cstdint>
 
+#include "cuda/forward/sm90/dense_sm90.h"
 #include "cuda/host/dispatch.h"
 #include "cuda/host/impl.h"
 #include "cuda/host/limits.h"

@@ -1,9 +1,8 @@
-// Parameters and launchers of the Hopper (wgmma) dense kernels of warmup mode (SPEC section 5),
-// D = Dp = 128, any G: the forward (forward_kernel.cuh: out, lse and the proxy lse, query-outer)
-// and the backward (backward_kernel.cuh: the main gradients, the teacher, the KL terms and the
-// proxy gradients in one key-outer pass), instantiated per dtype (forward.cu, backward.cu). The
-// host entry (warmup/warmup.cu) launches them where warmup_kernels() says kHopper; the sparse
-// forward (forward/forward.cu) launches the forward for its tile path over listed blocks.
+// Parameters and launcher of the Hopper (wgmma) dense backward of warmup mode (SPEC section 5),
+// D = Dp = 128, any G (backward_kernel.cuh: the main gradients, the teacher, the KL terms and the
+// proxy gradients in one key-outer pass), instantiated per dtype (backward.cu). The host entry
+// (warmup/warmup.cu) launches it where warmup_kernels() says kHopper; warmup's forward is the
+// dense forward of forward/sm90/dense_sm90.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,22 +18,6 @@ namespace flash_msa::cuda::sm90 {
 
 // Query rows of a chunk of the dense backward (its tiles, counters and accumulator tiles).
 inline constexpr int kDenseChunkRows = 64;
-
-struct DenseForwardParams {
-  ConstView q;               // [B, H, Sq, D] strided, 16-byte aligned rows (likewise every view)
-  ConstView k;               // [B, Hk, S, D]
-  ConstView v;               // [B, Hk, S, D]
-  ConstView qp;              // [B, Hp, Sq, Dp]
-  ConstView kp;              // [B, Hpk, S, Dp]
-  MutView out;               // [B, H, Sq, D]
-  float* lse;                // [B, H, Sq] contiguous, natural log
-  float* lse_proxy;          // [B, Hp, Sq] contiguous, natural log
-  const int32_t* doc_start;  // [B * S] first token of each token's document; null: one per row
-  schedule::Tiles tiles;     // the sparse forward's tile path: the listed tiles, each walking
-                             // its blocks (top_k of the shape: their row length); all null in
-                             // warmup (every visible block)
-  KernelShape shape;
-};
 
 struct DenseBackwardParams {
   ConstView q;               // [B, H, Sq, D] strided, 16-byte aligned rows (likewise every view)
@@ -61,9 +44,6 @@ struct DenseBackwardParams {
                              // it; last: the CTAs' ticket counter
   KernelShape shape;
 };
-
-template <class T>
-void launch_dense_forward(const DenseForwardParams& params, cudaStream_t stream);
 
 template <class T>
 void launch_dense_backward(const DenseBackwardParams& params, cudaStream_t stream);

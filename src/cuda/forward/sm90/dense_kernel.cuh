@@ -34,7 +34,7 @@
 #include "cuda/common/tma_sm90.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/common/wgmma_sm90.cuh"
-#include "cuda/warmup/sm90/warmup_sm90.h"
+#include "cuda/forward/sm90/dense_sm90.h"
 
 namespace flash_msa::cuda::sm90::dense_forward {
 

@@ -1,6 +1,6 @@
-// Hopper dense (warmup) forward instantiations (D = Dp = 128) and the probe of the warmup
+// Hopper dense forward instantiations (D = Dp = 128) and the probe of the warmup
 // kernels' sm_90a code.
-#include "cuda/warmup/sm90/forward_kernel.cuh"
+#include "cuda/forward/sm90/dense_kernel.cuh"
 
 namespace flash_msa::cuda::sm90 {
 
