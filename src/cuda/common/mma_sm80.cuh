@@ -23,9 +23,6 @@ struct Elem<__nv_bfloat16> {
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&bits));
   }
   static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) {
-    return __float2bfloat16_rn(x);
-  }
 };
 
 template <>
@@ -38,7 +35,6 @@ struct Elem<__half> {
     return __half22float2(*reinterpret_cast<__half2*>(&bits));
   }
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
 
 // D = A * B + D for a 16x8x16 tile. A: 4 regs (row-major 16x16), B: 2 regs (16x8, "col"),
@@ -103,18 +99,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_pt
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_ptr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(row_ptr)));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* row_ptr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_addr(row_ptr)));
-}
-
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* row_ptr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
                : "r"(smem_addr(row_ptr)));
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cuda/common/instantiate.h"
+#include "cuda/schedule/schedule.h"
 #include "flash_msa/msa.h"
 
 namespace flash_msa::cuda {
@@ -104,8 +105,9 @@ inline void check_attention_limits(const Problem& pr, int64_t max_group) {
 // 64 query rows, slots in 6 bits and tokens in 25 bits of a schedule entry, int32 edge counts.
 inline void check_sparse_limits(const Problem& pr) {
   check_attention_limits(pr, 64);
-  if (pr.top_k > 64) limit_error("top_k", "at most 64 blocks", std::to_string(pr.top_k));
-  if (pr.seqlen >= (int64_t(1) << 25))
+  if (pr.top_k > (1 << schedule::kSlotBits))
+    limit_error("top_k", "at most 64 blocks", std::to_string(pr.top_k));
+  if (pr.seqlen >= schedule::kMaxTokens)
     limit_error("seqlen", "below 2^25 tokens per batch row", std::to_string(pr.seqlen));
   const int64_t edges = pr.batch * pr.proxy_heads * pr.queries() * pr.top_k;
   if (edges > kInt32Max)
