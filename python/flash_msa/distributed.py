@@ -311,17 +311,23 @@ def msa_func(
     return (out, kl) if return_kl else out
 
 
-def set_context_parallel(module: torch.nn.Module, context_parallel: Optional[ContextParallel]) -> int:
-    """Runs every MSAAttention in ``module`` (itself included) context-parallel over
-    ``context_parallel`` (None: back to one process); returns how many layers it set. The layers
-    then take their rank's shard of the hidden states, in the group's layout, and apply RoPE at
-    the tokens' global positions."""
-    from .modules import MSAAttention
+class ContextParallelLayer:
+    """A layer that can run context-parallel: :func:`set_context_parallel` sets its
+    ``context_parallel`` (a :class:`ContextParallel`, or None for one process), which the layer
+    reads in its forward. :class:`flash_msa.MSAAttention` is one."""
 
+    context_parallel: Optional[ContextParallel] = None
+
+
+def set_context_parallel(module: torch.nn.Module, context_parallel: Optional[ContextParallel]) -> int:
+    """Runs every context-parallel layer in ``module`` (itself included; every
+    :class:`flash_msa.MSAAttention`) over ``context_parallel`` (None: back to one process);
+    returns how many layers it set. The layers then take their rank's shard of the hidden
+    states, in the group's layout, and apply RoPE at the tokens' global positions."""
     if context_parallel is not None and not isinstance(context_parallel, ContextParallel):
         _fail(f"set_context_parallel: expected a ContextParallel or None, got "
               f"{type(context_parallel).__name__}")
-    layers = [m for m in module.modules() if isinstance(m, MSAAttention)]
+    layers = [m for m in module.modules() if isinstance(m, ContextParallelLayer)]
     if not layers:
         _fail(f"set_context_parallel: no MSAAttention in {type(module).__name__}")
     for layer in layers:
@@ -329,5 +335,5 @@ def set_context_parallel(module: torch.nn.Module, context_parallel: Optional[Con
     return len(layers)
 
 
-__all__ = ["LAYOUTS", "ContextParallel", "Segment", "msa_func", "set_context_parallel",
-           "shard_segments"]
+__all__ = ["LAYOUTS", "ContextParallel", "ContextParallelLayer", "Segment", "msa_func",
+           "set_context_parallel", "shard_segments"]

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .distributed import ContextParallelLayer, msa_func
 from .interface import _check_top_k, _integer, flash_msa_func, flash_msa_warmup_func
 
 
@@ -38,7 +39,7 @@ def _size(name: str, value) -> int:
     return size
 
 
-class MSAAttention(nn.Module):
+class MSAAttention(nn.Module, ContextParallelLayer):
     """hidden (B, S, hidden_size) -> (out (B, S, hidden_size), kl_loss).
 
     Main branch: q/k/v projections (num_heads query heads sharing num_kv_heads key/value heads,
@@ -160,8 +161,6 @@ class MSAAttention(nn.Module):
             )
         cp = self.context_parallel
         if cp is not None:
-            from .distributed import msa_func
-
             q_proxy, k_proxy, q, k, v = self.projections(
                 hidden, cp.positions(hidden.shape[1], hidden.device))
             out, kl = msa_func(
