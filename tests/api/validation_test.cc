@@ -1,5 +1,9 @@
 // Every documented bad input is rejected with a flash_msa::Error naming the argument, through
-// each of the five CPU entry points where the argument applies.
+// each of the five entry points where the argument applies. Built into both test binaries:
+// flash_msa_cpu_tests runs the CPU backend's entry points (suite Validation), and
+// flash_msa_cuda_tests the CUDA backend's (suite CudaValidation), which must reject each call
+// in the CPU backend's very words before touching the device (common/entry_points.h); there the
+// valid calls and the checks of values read as a call runs (cu_seqlens, indices) are CPU-only.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -7,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/entry_points.h"
 #include "common/expect_error.h"
 #include "common/problem.h"
 
@@ -37,9 +42,9 @@ constexpr Op kSparseOps[] = {Op::kSelect, Op::kSparseForward, Op::kSparseBackwar
 constexpr int64_t kHeadCapacity = 8;
 constexpr int64_t kBatch = 2, kSeqlen = 200;
 
-class Validation : public ::testing::Test {
+class FLASH_MSA_VALIDATION_SUITE : public ::testing::Test {
  protected:
-  Validation()
+  FLASH_MSA_VALIDATION_SUITE()
       : qp_(make(d_.Dp, 1)),
         kp_(make(d_.Dp, 2)),
         q_(make(d_.D, 3)),
@@ -119,7 +124,7 @@ class Validation : public ::testing::Test {
       case Op::kSelect: {
         SelectParams p = select_params();
         mutate(p.problem);
-        cpu::select(p);
+        entry::select(p);
         break;
       }
       case Op::kSparseForward:
@@ -127,14 +132,14 @@ class Validation : public ::testing::Test {
         const bool warmup = op == Op::kWarmupForward;
         ForwardParams p = forward_params(warmup);
         mutate(p.problem);
-        warmup ? cpu::warmup_forward(p) : cpu::sparse_forward(p);
+        entry::forward(p, warmup);
         break;
       }
       default: {
         const bool warmup = op == Op::kWarmupBackward;
         BackwardParams p = backward_params(warmup);
         mutate(p.problem);
-        warmup ? cpu::warmup_backward(p) : cpu::sparse_backward(p);
+        entry::backward(p, warmup);
         break;
       }
     }
@@ -160,33 +165,36 @@ class Validation : public ::testing::Test {
 
 // Positive control: the base arguments are valid for every entry point, so each failure below is
 // caused by its one mutation.
-TEST_F(Validation, BaseArgumentsAreAccepted) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, BaseArgumentsAreAccepted) {
+  FLASH_MSA_SKIP_UNLESS_RUN_ON_HOST_BUFFERS();
   for (Op op : kAllOps) {
     SCOPED_TRACE(op_name(op));
     EXPECT_MSA_OK(run(op, [](Problem&) {}));
   }
 }
 
-TEST_F(Validation, TopKIgnoredInWarmup) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, TopKIgnoredInWarmup) {
+  FLASH_MSA_SKIP_UNLESS_RUN_ON_HOST_BUFFERS();
   for (Op op : {Op::kWarmupForward, Op::kWarmupBackward}) {
     SCOPED_TRACE(op_name(op));
     EXPECT_MSA_OK(run(op, [](Problem& p) { p.top_k = 0; }));
   }
 }
 
-TEST_F(Validation, Batch) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, Batch) {
   expect_problem_error(kAllOps, [](Problem& p) { p.batch = 0; }, {"batch"});
   expect_problem_error(kAllOps, [](Problem& p) { p.batch = -1; }, {"batch"});
 }
-TEST_F(Validation, Seqlen) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, Seqlen) {
   expect_problem_error(kAllOps, [](Problem& p) { p.seqlen = 0; }, {"seqlen"});
   expect_problem_error(kAllOps, [](Problem& p) { p.seqlen = -200; }, {"seqlen"});
 }
-TEST_F(Validation, QueryShard) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, QueryShard) {
   // A shard of 128 queries is accepted (where no indices rows of the base selection are read).
   for (Op op : {Op::kSelect, Op::kWarmupForward, Op::kWarmupBackward}) {
     SCOPED_TRACE(op_name(op));
-    EXPECT_MSA_OK(run(op, [](Problem& p) { p.query_len = 128, p.query_offset = 72; }));
+    if (entry::kRunsHostBuffers)
+      EXPECT_MSA_OK(run(op, [](Problem& p) { p.query_len = 128, p.query_offset = 72; }));
   }
   expect_problem_error(kAllOps, [](Problem& p) { p.query_len = -1; }, {"query_len"});
   expect_problem_error(kAllOps, [](Problem& p) { p.query_offset = 5; }, {"query_offset"});
@@ -195,39 +203,39 @@ TEST_F(Validation, QueryShard) {
   expect_problem_error(
       kAllOps, [](Problem& p) { p.query_len = 10, p.query_offset = -1; }, {"query_offset"});
 }
-TEST_F(Validation, Heads) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, Heads) {
   expect_problem_error(kAllOps, [](Problem& p) { p.heads = 0; }, {"heads"});
   expect_problem_error(kAllOps, [](Problem& p) { p.heads = -4; }, {"heads"});
 }
-TEST_F(Validation, KvHeads) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, KvHeads) {
   expect_problem_error(kAllOps, [](Problem& p) { p.kv_heads = 0; }, {"kv_heads"});
   expect_problem_error(kAllOps, [](Problem& p) { p.kv_heads = -2; }, {"kv_heads"});
 }
-TEST_F(Validation, ProxyHeads) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, ProxyHeads) {
   expect_problem_error(kAllOps, [](Problem& p) { p.proxy_heads = 0; }, {"proxy_heads"});
   expect_problem_error(kAllOps, [](Problem& p) { p.proxy_heads = -2; }, {"proxy_heads"});
 }
-TEST_F(Validation, ProxyKvHeads) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, ProxyKvHeads) {
   expect_problem_error(kAllOps, [](Problem& p) { p.proxy_kv_heads = 0; }, {"proxy_kv_heads"});
   expect_problem_error(kAllOps, [](Problem& p) { p.proxy_kv_heads = -1; }, {"proxy_kv_heads"});
 }
-TEST_F(Validation, HeadDim) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, HeadDim) {
   expect_problem_error(kAllOps, [](Problem& p) { p.head_dim = 0; }, {"head_dim"});
   expect_problem_error(kAllOps, [](Problem& p) { p.head_dim = -16; }, {"head_dim"});
 }
-TEST_F(Validation, ProxyHeadDim) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, ProxyHeadDim) {
   expect_problem_error(kAllOps, [](Problem& p) { p.proxy_head_dim = 0; }, {"proxy_head_dim"});
   expect_problem_error(kAllOps, [](Problem& p) { p.proxy_head_dim = -8; }, {"proxy_head_dim"});
 }
 
 // The contract does not say which of the two related fields a divisibility error names.
-TEST_F(Validation, HeadsNotMultipleOfKvHeads) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, HeadsNotMultipleOfKvHeads) {
   expect_problem_error(kAllOps, [](Problem& p) { p.kv_heads = 3; }, {"heads", "kv_heads"});
 }
-TEST_F(Validation, HeadsNotMultipleOfProxyHeads) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, HeadsNotMultipleOfProxyHeads) {
   expect_problem_error(kAllOps, [](Problem& p) { p.proxy_heads = 3; }, {"heads", "proxy_heads"});
 }
-TEST_F(Validation, ProxyHeadsNotMultipleOfProxyKvHeads) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, ProxyHeadsNotMultipleOfProxyKvHeads) {
   expect_problem_error(kAllOps,
                        [](Problem& p) {
                          p.proxy_heads = 4;
@@ -236,12 +244,12 @@ TEST_F(Validation, ProxyHeadsNotMultipleOfProxyKvHeads) {
                        {"proxy_heads", "proxy_kv_heads"});
 }
 
-TEST_F(Validation, TopK) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, TopK) {
   expect_problem_error(kSparseOps, [](Problem& p) { p.top_k = 0; }, {"top_k"});
   expect_problem_error(kSparseOps, [](Problem& p) { p.top_k = -1; }, {"top_k"});
 }
 
-TEST_F(Validation, Scale) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, Scale) {
   for (float bad :
        {0.f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
         -std::numeric_limits<float>::infinity()}) {
@@ -257,14 +265,14 @@ TEST_F(Validation, Scale) {
   }
 }
 
-TEST_F(Validation, Dtype) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, Dtype) {
   expect_problem_error(kAllOps, [](Problem& p) { p.dtype = static_cast<DType>(4); }, {"dtype"});
   expect_problem_error(kAllOps, [](Problem& p) { p.dtype = static_cast<DType>(-1); }, {"dtype"});
 }
 
 // ---- documents ----
 
-TEST_F(Validation, CuSeqlensWithoutDocuments) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, CuSeqlensWithoutDocuments) {
   static const std::vector<int32_t> cu = {0, 200, 400};
   expect_problem_error(kAllOps,
                        [&](Problem& p) {
@@ -280,7 +288,8 @@ TEST_F(Validation, CuSeqlensWithoutDocuments) {
                        {"num_docs", "cu_seqlens"});
 }
 
-TEST_F(Validation, CuSeqlensValues) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, CuSeqlensValues) {
+  FLASH_MSA_SKIP_UNLESS_RUN_ON_HOST_BUFFERS();
   const std::vector<std::pair<const char*, std::vector<int32_t>>> bad = {
       {"first not 0", {1, 120, 200, 330, 400}},       {"last not B*S", {0, 120, 200, 330, 399}},
       {"last beyond B*S", {0, 120, 200, 330, 401}},   {"decreasing", {0, 220, 200, 330, 400}},
@@ -306,7 +315,8 @@ TEST_F(Validation, CuSeqlensValues) {
   }
 }
 
-TEST_F(Validation, CuSeqlensWithEmptyDocumentIsValid) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, CuSeqlensWithEmptyDocumentIsValid) {
+  FLASH_MSA_SKIP_UNLESS_RUN_ON_HOST_BUFFERS();
   static const std::vector<int32_t> cu = {0, 120, 120, 200, 330, 400};
   for (Op op : kAllOps) {
     SCOPED_TRACE(op_name(op));
@@ -319,7 +329,8 @@ TEST_F(Validation, CuSeqlensWithEmptyDocumentIsValid) {
 
 // ---- user-supplied indices (sparse forward and backward) ----
 
-TEST_F(Validation, IndicesValues) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, IndicesValues) {
+  FLASH_MSA_SKIP_UNLESS_RUN_ON_HOST_BUFFERS();
   struct Bad {
     const char* why;
     int64_t query;
@@ -352,25 +363,25 @@ TEST_F(Validation, IndicesValues) {
 
 // ---- null pointers and strides, per tensor ----
 
-TEST_F(Validation, NullPointersSelect) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, NullPointersSelect) {
   {
     SelectParams p = select_params();
     p.qp.data = nullptr;
-    EXPECT_MSA_ERROR(cpu::select(p), "qp");
+    EXPECT_MSA_ERROR(entry::select(p), "qp");
   }
   {
     SelectParams p = select_params();
     p.kp.data = nullptr;
-    EXPECT_MSA_ERROR(cpu::select(p), "kp");
+    EXPECT_MSA_ERROR(entry::select(p), "kp");
   }
   {
     SelectParams p = select_params();
     p.indices = nullptr;
-    EXPECT_MSA_ERROR(cpu::select(p), "indices");
+    EXPECT_MSA_ERROR(entry::select(p), "indices");
   }
 }
 
-TEST_F(Validation, NullPointersForward) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, NullPointersForward) {
   using F = std::function<void(ForwardParams&)>;
   const std::vector<std::pair<const char*, F>> fields = {
       {"qp", [](ForwardParams& p) { p.qp.data = nullptr; }},
@@ -389,18 +400,18 @@ TEST_F(Validation, NullPointersForward) {
       ForwardParams p = forward_params(warmup);
       mutate(p);
       EXPECT_TRUE(throws_error_naming(
-          [&] { warmup ? cpu::warmup_forward(p) : cpu::sparse_forward(p); }, {name}));
+          [&] { entry::forward(p, warmup); }, {name}));
     }
     ForwardParams p = forward_params(warmup);
     p.kl = nullptr;  // optional
-    EXPECT_MSA_OK(warmup ? cpu::warmup_forward(p) : cpu::sparse_forward(p));
+    if (entry::kRunsHostBuffers) EXPECT_MSA_OK(entry::forward(p, warmup));
   }
   ForwardParams p = forward_params(false);
   p.indices = nullptr;
-  EXPECT_MSA_ERROR(cpu::sparse_forward(p), "indices");
+  EXPECT_MSA_ERROR(entry::forward(p, false), "indices");
 }
 
-TEST_F(Validation, NullPointersBackward) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, NullPointersBackward) {
   using F = std::function<void(BackwardParams&)>;
   const std::vector<std::pair<const char*, F>> fields = {
       {"qp", [](BackwardParams& p) { p.qp.data = nullptr; }},
@@ -425,15 +436,15 @@ TEST_F(Validation, NullPointersBackward) {
       BackwardParams p = backward_params(warmup);
       mutate(p);
       EXPECT_TRUE(throws_error_naming(
-          [&] { warmup ? cpu::warmup_backward(p) : cpu::sparse_backward(p); }, {name}));
+          [&] { entry::backward(p, warmup); }, {name}));
     }
     BackwardParams p = backward_params(warmup);
     p.kl_grad = nullptr;  // optional: w = 0
-    EXPECT_MSA_OK(warmup ? cpu::warmup_backward(p) : cpu::sparse_backward(p));
+    if (entry::kRunsHostBuffers) EXPECT_MSA_OK(entry::backward(p, warmup));
   }
   BackwardParams p = backward_params(false);
   p.indices = nullptr;
-  EXPECT_MSA_ERROR(cpu::sparse_backward(p), "indices");
+  EXPECT_MSA_ERROR(entry::backward(p, false), "indices");
 }
 
 // For a view, the bad strides: stride_s below the channel count (rows would overlap), and each
@@ -456,7 +467,7 @@ std::vector<std::pair<std::string, V>> bad_strides(const V& good, int64_t channe
   return r;
 }
 
-TEST_F(Validation, StridesSelect) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesSelect) {
   for (const char* name : {"qp", "kp"}) {
     SelectParams base = select_params();
     ConstView& view = std::string(name) == "qp" ? base.qp : base.kp;
@@ -464,12 +475,12 @@ TEST_F(Validation, StridesSelect) {
       SCOPED_TRACE(std::string(name) + ": " + why);
       SelectParams p = base;
       (std::string(name) == "qp" ? p.qp : p.kp) = bad;
-      EXPECT_MSA_ERROR(cpu::select(p), name);
+      EXPECT_MSA_ERROR(entry::select(p), name);
     }
   }
 }
 
-TEST_F(Validation, StridesForward) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesForward) {
   for (bool warmup : {false, true}) {
     SCOPED_TRACE(warmup ? "warmup" : "sparse");
     const ForwardParams base = forward_params(warmup);
@@ -479,7 +490,7 @@ TEST_F(Validation, StridesForward) {
         ForwardParams p = base;
         p.*member = bad;
         EXPECT_TRUE(throws_error_naming(
-            [&] { warmup ? cpu::warmup_forward(p) : cpu::sparse_forward(p); }, {name}));
+            [&] { entry::forward(p, warmup); }, {name}));
       }
     };
     check("qp", &ForwardParams::qp, d_.Dp);
@@ -491,7 +502,7 @@ TEST_F(Validation, StridesForward) {
   }
 }
 
-TEST_F(Validation, StridesBackward) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesBackward) {
   for (bool warmup : {false, true}) {
     SCOPED_TRACE(warmup ? "warmup" : "sparse");
     const BackwardParams base = backward_params(warmup);
@@ -501,7 +512,7 @@ TEST_F(Validation, StridesBackward) {
         BackwardParams p = base;
         p.*member = bad;
         EXPECT_TRUE(throws_error_naming(
-            [&] { warmup ? cpu::warmup_backward(p) : cpu::sparse_backward(p); }, {name}));
+            [&] { entry::backward(p, warmup); }, {name}));
       }
     };
     check("qp", &BackwardParams::qp, d_.Dp);
@@ -520,7 +531,8 @@ TEST_F(Validation, StridesBackward) {
 }
 
 // The public validate() functions reject the same inputs without running anything.
-TEST_F(Validation, ValidateFunctions) {
+TEST_F(FLASH_MSA_VALIDATION_SUITE, ValidateFunctions) {
+  FLASH_MSA_SKIP_UNLESS_RUN_ON_HOST_BUFFERS();
   SelectParams s = select_params();
   EXPECT_MSA_OK(validate(s));
   s.problem.head_dim = 0;
