@@ -38,7 +38,8 @@ forward, 3.5x that for forward + backward. Scheduling is the share of the forwar
 schedule's kernels (reverse index and work items), read from the PyTorch profiler.
 
 Writes one JSON file with the run's environment and every figure; bench/report.py turns it into
-docs/benchmarks.md and the plots. Prints a progress line per measurement.
+docs/benchmarks.md and the plots. Prints a progress line per measurement and, last, each
+stage against its floor (bench/floor.py).
 """
 
 import argparse
@@ -53,6 +54,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_msa
+import floor
 import flash_msa_peer
 import fp8_select_quality as fp8_study
 from timing import time_ms
@@ -548,6 +550,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     log(f"wrote {args.out}")
+    print("\n".join(floor.markdown(result)))
 
 
 if __name__ == "__main__":
