@@ -1,6 +1,6 @@
 // CUDA backend. Every pointer in the params is device memory (cu_seqlens and kl_grad too).
-// Calls only enqueue work on `stream`: no host synchronisation, no allocation, so a training
-// step is CUDA-graph capturable. Scratch memory comes from the caller as a workspace whose
+// Calls only enqueue work on `stream`: no host synchronisation (check_indices, for indices from
+// outside, is the one exception), no allocation, so a training step is CUDA-graph capturable. Scratch memory comes from the caller as a workspace whose
 // size depends on the shapes alone (query it with the *_workspace_bytes functions).
 #pragma once
 
@@ -45,6 +45,15 @@ size_t backward_workspace_bytes(const BackwardParams& params, bool warmup,
                                 int64_t max_chunk_tokens = 0);
 void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream);
 void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream);
+
+// Checks block indices made outside the library (params.indices and the cu_seqlens values on
+// the device) by the CPU backend's rule, validate_indices_values: one kernel finds the first row
+// (in b, p, i order) that breaks it, then the call synchronises `stream` and throws
+// flash_msa::Error in the CPU backend's words. The one call of this backend that waits for the
+// device: select's indices are valid by construction and never need it. Workspace:
+// check_indices_workspace_bytes().
+size_t check_indices_workspace_bytes();
+void check_indices(const CheckIndicesParams& params, Workspace workspace, cudaStream_t stream);
 
 // True when a CUDA device of compute capability >= 8.0 is visible to this process.
 bool device_available();

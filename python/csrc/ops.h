@@ -26,8 +26,7 @@ at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k_bloc
 
 // Checks block indices made outside the library, [B, Hp, Sq, K] int32, against a sequence of
 // `seqlen` tokens (and cu_seqlens): the CPU backend's rule on either device, the same error
-// (ValueError) naming the batch, proxy head, query and value. Device tensors are copied to the
-// host for it (a synchronisation).
+// (ValueError) naming the batch, proxy head, query and value. On CUDA it waits for the device.
 void check_indices(const at::Tensor& indices, const std::optional<at::Tensor>& cu_seqlens,
                    int64_t seqlen, int64_t query_offset);
 
