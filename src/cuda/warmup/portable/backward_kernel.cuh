@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
           const int key = key0 + nt * 8 + 2 * (lane % 4) + (e % 2);
           const bool vis = lane < 4 && e < 2 && key <= i && key >= ds;
           const float log2_pp = sp[nt][e] * psl2 - lsep2, tv = t[nt][e % 2];
-          if (p.kl_rows && vis && tv > 0.f) kl += tv * (__logf(tv) - log2_pp * kLn2);
+          if (p.kl_rows && vis && !(tv <= 0.f)) kl += tv * (__logf(tv) - log2_pp * kLn2);
           sp[nt][e] = vis ? exp2f(log2_pp) - tv : 0.f;
         }
 #pragma unroll
