@@ -263,6 +263,23 @@ void check_indices(const at::Tensor& indices_in, const std::optional<at::Tensor>
   }
 }
 
+std::vector<std::tuple<std::string, std::string, std::string>> explain(
+    const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k,
+    int64_t top_k_blocks, bool warmup, bool kl_value_in_forward, bool fp8, int64_t query_offset) {
+  check_value(on_cuda(q), "flash_msa: explain: expected CUDA tensors (CPU tensors run the C++ "
+                          "reference backend), got " + q.device().str());
+  std::vector<std::tuple<std::string, std::string, std::string>> out;
+#ifdef FLASH_MSA_WITH_CUDA
+  const Problem problem = make_problem(qp, kp, q, k, top_k_blocks, 1.0, 1.0, query_offset);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cuda::CallOptions options{
+      .warmup = warmup, .kl_value_in_forward = kl_value_in_forward, .fp8_select = fp8};
+  for (const cuda::StageChoice& c : cuda::explain(problem, options))
+    out.emplace_back(c.stage, c.variant, c.reason);
+#endif
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& qp_in, const at::Tensor& kp_in, const at::Tensor& q_in,
     const at::Tensor& k_in, const at::Tensor& v_in, const std::optional<at::Tensor>& indices_in,

@@ -8,7 +8,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace flash_msa::torch_ext {
 
@@ -23,6 +25,12 @@ namespace flash_msa::torch_ext {
 at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k_blocks,
                   double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
                   int64_t query_offset, bool fp8);
+
+// The kernels each part of a call on CUDA tensors runs, in order: (stage, variant, reason), as
+// cuda::explain reports them for the current device.
+std::vector<std::tuple<std::string, std::string, std::string>> explain(
+    const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k,
+    int64_t top_k_blocks, bool warmup, bool kl_value_in_forward, bool fp8, int64_t query_offset);
 
 // Checks block indices made outside the library, [B, Hp, Sq, K] int32, against a sequence of
 // `seqlen` tokens (and cu_seqlens): the CPU backend's rule on either device, the same error

@@ -442,6 +442,43 @@ def flash_msa_warmup_func(
     return (out, kl) if return_kl else out
 
 
+def explain(
+    q_proxy: Tensor,
+    k_proxy: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    top_k: Optional[int] = None,
+    *,
+    warmup: bool = False,
+    compute_kl: bool = False,
+    select_dtype: Optional[torch.dtype] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    query_offset: Optional[int] = None,
+) -> list:
+    """The kernels :func:`flash_msa_func` (or, with ``warmup=True``,
+    :func:`flash_msa_warmup_func`) runs for these arguments, forward and backward, in the order
+    it runs them: a list of ``{"stage", "variant", "reason"}`` dicts. Nothing runs and nothing
+    waits for the device. On CUDA the choice is the one the call makes (one function per stage
+    picks it, from the GPU, the shapes and the options; docs/design.md); CPU tensors run the C++
+    reference backend. Raises what the call would raise for these arguments (an FP8 select the
+    GPU cannot run, say).
+    """
+    query_offset = _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens, query_offset)
+    for name, flag in (("warmup", warmup), ("compute_kl", compute_kl)):
+        if not isinstance(flag, bool):
+            _fail(f"{name}: expected a bool, got {flag!r}")
+    top_k_blocks = 0 if warmup else _check_top_k(top_k) // BLOCK_SIZE
+    fp8 = False if warmup else _check_select_dtype(select_dtype, q_proxy)
+    if not q.is_cuda:
+        stages = (("warmup_forward", "warmup_backward") if warmup
+                  else ("select", "sparse_forward", "sparse_backward"))
+        return [{"stage": s, "variant": "cpu", "reason": "CPU tensors run the C++ reference "
+                 "backend"} for s in stages]
+    return [{"stage": s, "variant": v, "reason": r} for s, v, r in ops.explain(
+        q_proxy, k_proxy, q, k, top_k_blocks, warmup, compute_kl, fp8, query_offset)]
+
+
 # Flash-MSA exports its warmup function under these names too.
 flash_msa_func_warmup = flash_msa_warmup_func
 sparse_attention_warmup = flash_msa_warmup_func
