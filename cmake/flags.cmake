@@ -10,18 +10,42 @@ function(flash_msa_gencode out archs)
   set(${out} "${gencode}" PARENT_SCOPE)
 endfunction()
 
-# CUDA flags of a target. Architectures are set per source file: every .cu file builds for all
-# of FLASH_MSA_CUDA_ARCHS except the Hopper kernels (wgmma; any source under a folder named
-# sm90), which build for sm_90a only. When the list has no 90a those still build, for its first
-# entry, with empty kernel bodies (their #if guard): the launch code links against their symbols.
+# Chip folders: "<folder>=<architectures>" pairs. A CUDA source under a folder of that name (at
+# any depth) holds kernels that use that chip's own instructions and builds for those
+# architectures only; every other source builds for all of FLASH_MSA_CUDA_ARCHS. A new chip
+# joins with its folders and one entry here, e.g. "sm100=100a". Where the build's list holds none
+# of a folder's architectures, its sources still build, for the list's first entry, with empty
+# kernel bodies (their #if guard): the launch code links against their symbols.
+set(FLASH_MSA_CHIP_FOLDERS "sm90=90a" CACHE STRING "chip folders and their architectures")
+
+# The architectures a source at `path` (relative to the project) builds for, given the build's
+# list `archs` and the chip folders `chips`.
+function(flash_msa_archs_of out path archs chips)
+  foreach(entry IN LISTS chips)
+    string(REPLACE "=" ";" pair "${entry}")
+    list(GET pair 0 folder)
+    list(GET pair 1 chip_archs)
+    string(REPLACE "," ";" chip_archs "${chip_archs}")
+    if(path MATCHES "(^|/)${folder}/")
+      set(kept "")
+      foreach(arch IN LISTS chip_archs)
+        if(arch IN_LIST archs)
+          list(APPEND kept ${arch})
+        endif()
+      endforeach()
+      if(NOT kept)
+        list(GET archs 0 kept)
+      endif()
+      set(${out} "${kept}" PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  set(${out} "${archs}" PARENT_SCOPE)
+endfunction()
+
+# CUDA flags of a target. Architectures are set per source file (flash_msa_archs_of).
 function(flash_msa_cuda_target target)
-  if("90a" IN_LIST FLASH_MSA_CUDA_ARCHS)
-    set(hopper_archs "90a")
-  else()
-    list(GET FLASH_MSA_CUDA_ARCHS 0 hopper_archs)
-  endif()
   flash_msa_gencode(all_gencode "${FLASH_MSA_CUDA_ARCHS}")
-  flash_msa_gencode(hopper_gencode "${hopper_archs}")
   get_target_property(sources ${target} SOURCES)
   get_target_property(source_dir ${target} SOURCE_DIR)
   foreach(source IN LISTS sources)
@@ -30,11 +54,8 @@ function(flash_msa_cuda_target target)
     endif()
     cmake_path(ABSOLUTE_PATH source BASE_DIRECTORY "${source_dir}" NORMALIZE OUTPUT_VARIABLE path)
     cmake_path(RELATIVE_PATH path BASE_DIRECTORY "${PROJECT_SOURCE_DIR}")
-    if(path MATCHES "(^|/)sm90/")
-      set(gencode ${hopper_gencode})
-    else()
-      set(gencode ${all_gencode})
-    endif()
+    flash_msa_archs_of(archs "${path}" "${FLASH_MSA_CUDA_ARCHS}" "${FLASH_MSA_CHIP_FOLDERS}")
+    flash_msa_gencode(gencode "${archs}")
     set_source_files_properties(${source} TARGET_DIRECTORY ${target}
                                 PROPERTIES COMPILE_OPTIONS "${gencode}")
   endforeach()
