@@ -119,7 +119,8 @@ def markdown(result, configs=None):
         lines.append(f"| {r['config']} | {r['stage']} | {r['tflop']:.2f} | {r['gb']:.2f} | "
                      f"{r['floor_ms']:.2f} | {r['bound']} | {measured} | {ratio} |")
     outside = [(c["name"], outside_main_kernels(c)) for c in result["configs"]
-               if outside_main_kernels(c) is not None and (not configs or c["name"] in configs)]
+               if not configs or c["name"] in configs]
+    outside = [(name, ms) for name, ms in outside if ms is not None]
     if outside:
         lines += ["", "Forward and backward kernels other than the main attention kernels "
                   "(profiler): " + ", ".join(f"{n} {ms:.2f} ms" for n, ms in outside) + "."]

@@ -467,38 +467,35 @@ std::vector<std::pair<std::string, V>> bad_strides(const V& good, int64_t channe
   return r;
 }
 
-TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesSelect) {
-  for (const char* name : {"qp", "kp"}) {
-    SelectParams base = select_params();
-    ConstView& view = std::string(name) == "qp" ? base.qp : base.kp;
-    for (const auto& [why, bad] : bad_strides(view, d_.Dp)) {
-      SCOPED_TRACE(std::string(name) + ": " + why);
-      SelectParams p = base;
-      (std::string(name) == "qp" ? p.qp : p.kp) = bad;
-      EXPECT_MSA_ERROR(entry::select(p), name);
-    }
+// Each bad stride of the view `member` of `base` makes `call` raise an error naming `name`.
+template <class Params, class Member, class Call>
+void expect_stride_errors(const Params& base, Member member, const char* name, int64_t channels,
+                          const Call& call) {
+  for (const auto& [why, bad] : bad_strides(base.*member, channels)) {
+    SCOPED_TRACE(std::string(name) + ": " + why);
+    Params p = base;
+    p.*member = bad;
+    EXPECT_TRUE(throws_error_naming([&] { call(p); }, {name}));
   }
+}
+
+TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesSelect) {
+  const SelectParams base = select_params();
+  expect_stride_errors(base, &SelectParams::qp, "qp", d_.Dp, entry::select);
+  expect_stride_errors(base, &SelectParams::kp, "kp", d_.Dp, entry::select);
 }
 
 TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesForward) {
   for (bool warmup : {false, true}) {
     SCOPED_TRACE(warmup ? "warmup" : "sparse");
     const ForwardParams base = forward_params(warmup);
-    auto check = [&](const char* name, auto member, int64_t channels) {
-      for (const auto& [why, bad] : bad_strides(base.*member, channels)) {
-        SCOPED_TRACE(std::string(name) + ": " + why);
-        ForwardParams p = base;
-        p.*member = bad;
-        EXPECT_TRUE(throws_error_naming(
-            [&] { entry::forward(p, warmup); }, {name}));
-      }
-    };
-    check("qp", &ForwardParams::qp, d_.Dp);
-    check("kp", &ForwardParams::kp, d_.Dp);
-    check("q", &ForwardParams::q, d_.D);
-    check("k", &ForwardParams::k, d_.D);
-    check("v", &ForwardParams::v, d_.D);
-    check("out", &ForwardParams::out, d_.D);
+    const auto run = [warmup](const ForwardParams& p) { entry::forward(p, warmup); };
+    expect_stride_errors(base, &ForwardParams::qp, "qp", d_.Dp, run);
+    expect_stride_errors(base, &ForwardParams::kp, "kp", d_.Dp, run);
+    expect_stride_errors(base, &ForwardParams::q, "q", d_.D, run);
+    expect_stride_errors(base, &ForwardParams::k, "k", d_.D, run);
+    expect_stride_errors(base, &ForwardParams::v, "v", d_.D, run);
+    expect_stride_errors(base, &ForwardParams::out, "out", d_.D, run);
   }
 }
 
@@ -506,27 +503,19 @@ TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesBackward) {
   for (bool warmup : {false, true}) {
     SCOPED_TRACE(warmup ? "warmup" : "sparse");
     const BackwardParams base = backward_params(warmup);
-    auto check = [&](const char* name, auto member, int64_t channels) {
-      for (const auto& [why, bad] : bad_strides(base.*member, channels)) {
-        SCOPED_TRACE(std::string(name) + ": " + why);
-        BackwardParams p = base;
-        p.*member = bad;
-        EXPECT_TRUE(throws_error_naming(
-            [&] { entry::backward(p, warmup); }, {name}));
-      }
-    };
-    check("qp", &BackwardParams::qp, d_.Dp);
-    check("kp", &BackwardParams::kp, d_.Dp);
-    check("q", &BackwardParams::q, d_.D);
-    check("k", &BackwardParams::k, d_.D);
-    check("v", &BackwardParams::v, d_.D);
-    check("out", &BackwardParams::out, d_.D);
-    check("dout", &BackwardParams::dout, d_.D);
-    check("dqp", &BackwardParams::dqp, d_.Dp);
-    check("dkp", &BackwardParams::dkp, d_.Dp);
-    check("dq", &BackwardParams::dq, d_.D);
-    check("dk", &BackwardParams::dk, d_.D);
-    check("dv", &BackwardParams::dv, d_.D);
+    const auto run = [warmup](const BackwardParams& p) { entry::backward(p, warmup); };
+    expect_stride_errors(base, &BackwardParams::qp, "qp", d_.Dp, run);
+    expect_stride_errors(base, &BackwardParams::kp, "kp", d_.Dp, run);
+    expect_stride_errors(base, &BackwardParams::q, "q", d_.D, run);
+    expect_stride_errors(base, &BackwardParams::k, "k", d_.D, run);
+    expect_stride_errors(base, &BackwardParams::v, "v", d_.D, run);
+    expect_stride_errors(base, &BackwardParams::out, "out", d_.D, run);
+    expect_stride_errors(base, &BackwardParams::dout, "dout", d_.D, run);
+    expect_stride_errors(base, &BackwardParams::dqp, "dqp", d_.Dp, run);
+    expect_stride_errors(base, &BackwardParams::dkp, "dkp", d_.Dp, run);
+    expect_stride_errors(base, &BackwardParams::dq, "dq", d_.D, run);
+    expect_stride_errors(base, &BackwardParams::dk, "dk", d_.D, run);
+    expect_stride_errors(base, &BackwardParams::dv, "dv", d_.D, run);
   }
 }
 
