@@ -54,8 +54,9 @@ FUZZ = settings.get_profile("flash-msa-fuzz")
 
 @dataclass
 class Tally:
-    """Cases of the module. A case that neither accepted nor rejected failed its checks
-    (hypothesis replays a failing case while shrinking it, and each replay counts)."""
+    """Cases of the module, each counted once all its values are drawn (hypothesis drops a
+    case whose draws run past its buffer). A case that neither accepted nor rejected failed its
+    checks (hypothesis replays a failing case while shrinking it, and each replay counts)."""
 
     tried: int = 0
     accepted: int = 0
@@ -381,13 +382,13 @@ def test_user_indices(device, data):
     s = case.shape
     indices = valid_indices(s, data.draw(st.integers(0, 2**31 - 1)))
     broken = data.draw(st.none() | st.sampled_from(ROW_BREAKS))
-    TALLY.tried += 1
     result = None
     if broken is not None:
         b, p, i = (data.draw(st.integers(0, n - 1)) for n in (s.B, s.Hp, s.S))
         own, first = i // BLOCK, int(document_starts(s)[b, i]) // BLOCK
         result = broken.apply(indices[b, p, i].tolist(), own, first, -(-s.S // BLOCK),
                               data.draw(st.integers(0, 2**20)))
+    TALLY.tried += 1
     if result is None:  # nothing broken, or this row cannot be broken this way: a valid call
         flash_msa.check_indices(indices.to(device), cu_seqlens=s.cu(device))
         check_against_reference(case, "user", indices.to(device))
