@@ -240,6 +240,7 @@ int main(int argc, char** argv) {
   const int it = timing ? 15 : 0;
   const std::vector<Case> cases = {
       {"paper32k", 1, 32768, 64, 4, 4, 1, 128, 128, 16, DType::kBFloat16, {}, false, 0, it},
+      {"paper128k", 1, 131072, 64, 4, 4, 1, 128, 128, 16, DType::kBFloat16, {}, false, 0, it},
       {"paper32k_fp16", 1, 32768, 64, 4, 4, 1, 128, 128, 16, DType::kFloat16, {}, false, 0, 0},
       {"d128dp64_chunks",
        2,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compares two versions of the CUDA library on a GPU: builds each one's libraries, links
 # bench/compare_builds.cc against both, diffs the bitwise digests of every output (default
-# kernels and, at the paper shape, the portable ones) and times both in turn, three times.
+# kernels and, at the paper shape, the portable ones) and times both in turn, three times, at 32K
+# and 128K. The builds are for FLASH_MSA_CUDA_ARCHS (default 90a: H100/H200).
 #   bash bench/compare_builds.sh OLD_SOURCE_DIR [NEW_SOURCE_DIR (default: this checkout)]
 # e.g. OLD_SOURCE_DIR from `git worktree add /tmp/old REV`. Logs and results go to $OUT_DIR
 # (default ./compare-logs); exit status 1 when the digests differ.
@@ -14,7 +15,8 @@ mkdir -p "$out"
 jobs=${FLASH_MSA_JOBS:-$(nproc)}
 
 build() {  # source dir, build dir, log
-  cmake -S "$1" -B "$2" -G Ninja -DFLASH_MSA_TESTS=OFF >"$3" 2>&1 &&
+  cmake -S "$1" -B "$2" -G Ninja -DFLASH_MSA_TESTS=OFF \
+    -DFLASH_MSA_CUDA_ARCHS="${FLASH_MSA_CUDA_ARCHS:-90a}" >"$3" 2>&1 &&
     cmake --build "$2" -j "$jobs" --target flash_msa_cuda flash_msa_core >>"$3" 2>&1
 }
 link() {  # source dir, build dir, program
@@ -40,8 +42,10 @@ else
   status=1
 fi
 for run in 1 2 3; do
-  for side in old new; do
-    "$out/compare-$side" time paper32k 2>&1 >/dev/null | sed "s/^/$side run $run: /"
+  for shape in paper32k paper128k; do
+    for side in old new; do
+      "$out/compare-$side" time $shape 2>&1 >/dev/null | sed "s/^/$side run $run: /"
+    done
   done
 done | tee "$out/timing.txt"
 exit $status

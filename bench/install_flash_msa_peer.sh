@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the published Flash-MSA (PyPI flash-msa 0.1.1) and what it runs on from wheels into SITE,
 # its package renamed flash_msa_peer: both projects name their package flash_msa, and under the
-# other name Flash-MSA loads beside this library in one process (bench/flash_msa_peer.py).
+# other name Flash-MSA loads beside this library in one process (bench/against_flash_msa.py).
 #
 #   bash bench/install_flash_msa_peer.sh WHEELS SITE
 #   export PYTHONPATH=SITE:SITE/nvidia_cutlass_dsl/dsl_packages   # the .pth of the DSL is not read

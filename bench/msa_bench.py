@@ -26,7 +26,7 @@ Measures, on the paper's heads (H=64, Hk=4, Hp=4, Hpk=1, D=Dp=128, K=16 blocks),
     (no KL value, the default; and the KL value from the backward, MSAAttention's default),
     against cuDNN dense causal attention with the kv heads repeated;
   - where Flash-MSA 0.1.1 is installed as flash_msa_peer (bench/install_flash_msa_peer.sh),
-    the comparison of bench/flash_msa_peer.py: step, first step, memory, reproducibility and
+    the comparison of bench/against_flash_msa.py: step, first step, memory, reproducibility and
     selection against Flash-MSA's own kernels.
 Timing: CUDA events around each call, warm-up calls first, the median of several calls; inputs
 are random normal (never zeros) and, for each configuration, larger than the 60 MB L2.
@@ -55,7 +55,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_msa
 import floor
-import flash_msa_peer
+import against_flash_msa
 import fp8_select_quality as fp8_study
 from timing import time_ms
 from trained_selection import load_target, trained_selection
@@ -507,9 +507,9 @@ def main():
         result["fp8_select_quality"] = {"seqlen": FP8_QUALITY_S,
                                         "kinds": fp8_quality(FP8_QUALITY_S)}
     result["gh200_shape"] = gh200_shape(gen)
-    peer = flash_msa_peer.load_peer()
-    if peer is not None:  # Flash-MSA 0.1.1 installed as flash_msa_peer: bench/flash_msa_peer.py
-        result["flash_msa_0_1_1"] = flash_msa_peer.compare(peer, log=log)
+    peer = against_flash_msa.load_peer()
+    if peer is not None:  # Flash-MSA 0.1.1, installed by bench/install_flash_msa_peer.sh
+        result["flash_msa_0_1_1"] = against_flash_msa.compare(peer, log=log)
     configs = result["configs"] = []
     todo = [c for c in CONFIGS if not wanted or c[0] in wanted]
     for n, (name, batch, seqlen, docs, warmup, selection) in enumerate(todo, 1):

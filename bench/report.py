@@ -176,7 +176,7 @@ def fp8_section(res):
 
 
 def flash_msa_peer_table(shapes):
-    """Markdown lines of bench/flash_msa_peer.py's comparison: the step through Flash-MSA's
+    """Markdown lines of bench/against_flash_msa.py's comparison: the step through Flash-MSA's
     documented call, first step, memory growth, reproducibility and the selection."""
     lines = ["| shape | flash-msa step | Flash-MSA 0.1.1 step | speedup | first step (s) | "
              "memory growth (GB) | bitwise reproducible | rows with the same blocks |",
@@ -196,7 +196,7 @@ def flash_msa_peer_table(shapes):
             f"{'' if same is None else f'{100 * same:.1f} %'} |")
     lines += ["", "Pairs are flash-msa / Flash-MSA. Both through "
               "`flash_msa_func(q_proxy, k_proxy, q, k, v, 2048, 128 ** -0.5)` and autograd, bf16, "
-              "on the same tensors in one process (bench/flash_msa_peer.py)."]
+              "on the same tensors in one process (bench/against_flash_msa.py)."]
     return lines
 
 

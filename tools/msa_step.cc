@@ -62,8 +62,9 @@ constexpr const char* kUsage =
     "  --seed N               random seed of the inputs (default 0)\n"
     "  --iters N              timed iterations per stage on cuda (default 10)\n"
     "  --help                 this text\n"
-    "output: the time of each stage, the KL value, selection statistics (sparse), then a\n"
-    "checksum line per tensor (indices, out, dqp, dkp, dq, dk, dv): its L2 norm (in double,\n"
+    "output: on cuda the kernels each part of the step runs and why (\"kernels:\" lines), the\n"
+    "time of each stage, the KL value, selection statistics (sparse), then a checksum line per\n"
+    "tensor (indices, out, dqp, dkp, dq, dk, dv): its L2 norm (in double,\n"
     "to compare values) and fnv1a64, the 64-bit FNV-1a digest of its raw bytes in the step's\n"
     "dtype. The inputs depend only on the options and --seed, so equal digests from two builds\n"
     "or devices mean bitwise-equal results.\n";
@@ -593,6 +594,11 @@ int run(const Options& o) {
       static_cast<unsigned long long>(o.seed));
 #ifdef FLASH_MSA_WITH_CUDA
   if (gpu) {
+    // The kernels of each part of the step, as the entry points choose them (cuda::explain).
+    for (const flash_msa::cuda::StageChoice& c :
+         flash_msa::cuda::explain(s.problem, {.warmup = o.warmup}))
+      std::printf("kernels: %-18s %-24s (%s)\n", c.stage.c_str(), c.variant.c_str(),
+                  c.reason.c_str());
     run_cuda(s, o.warmup, o.iters);
   } else {
     run_cpu(s, o.warmup);

@@ -1,11 +1,13 @@
 // CUDA backend. Every pointer in the params is device memory (cu_seqlens and kl_grad too).
-// Calls only enqueue work on `stream`: no host synchronisation, no allocation, so a training
-// step is CUDA-graph capturable. Scratch memory comes from the caller as a workspace whose
+// Calls only enqueue work on `stream`: no host synchronisation (check_indices, for indices from
+// outside, is the one exception), no allocation, so a training step is CUDA-graph capturable. Scratch memory comes from the caller as a workspace whose
 // size depends on the shapes alone (query it with the *_workspace_bytes functions).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "flash_msa/msa.h"
 
@@ -46,20 +48,57 @@ size_t backward_workspace_bytes(const BackwardParams& params, bool warmup,
 void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream);
 void warmup_backward(const BackwardParams& params, Workspace workspace, cudaStream_t stream);
 
+// Checks block indices made outside the library (params.indices and the cu_seqlens values on
+// the device) by the CPU backend's rule, validate_indices_values: one kernel finds the first row
+// (in b, p, i order) that breaks it, then the call synchronises `stream` and throws
+// flash_msa::Error in the CPU backend's words. The one call of this backend that waits for the
+// device: select's indices are valid by construction and never need it. Workspace:
+// check_indices_workspace_bytes().
+size_t check_indices_workspace_bytes();
+void check_indices(const CheckIndicesParams& params, Workspace workspace, cudaStream_t stream);
+
 // True when a CUDA device of compute capability >= 8.0 is visible to this process.
 bool device_available();
 
-// The implementation of the sparse forward's and backward's main kernels, and of select.
+// The implementation of a stage's kernels.
 enum class Kernels : int32_t {
   kPortable = 0,  // mma.sync tensor-core kernels, compute capability 8.0 and newer
   kHopper = 1,    // wgmma kernels for compute capability 9.x (H100, H200)
 };
 const char* kernels_name(Kernels kernels);  // "portable" or "hopper"
 
+// What a call runs is chosen once per call, by one function per stage, from the chip, the
+// problem and the call's options (src/cuda/host/variants.cu); the entry points follow that
+// choice, and explain() reports it before a call, with the reason of each part.
+struct Chip {
+  int compute_major = 0;         // the device's compute capability major; 0: no CUDA device
+  bool hopper_code = false;      // the binary holds sm_90a code for every Hopper kernel
+  bool portable_forced = false;  // FLASH_MSA_PORTABLE_KERNELS set to anything but "0"
+};
+// The current device's (its properties probed once per device and cached; the environment
+// variable read per call). No synchronisation.
+Chip current_chip();
+
+struct CallOptions {
+  bool warmup = false;               // warmup_forward / warmup_backward, else select + sparse
+  bool kl_value_in_forward = false;  // ForwardParams::kl set (the value from the forward)
+  bool fp8_select = false;           // SelectParams::precision float8_e4m3
+};
+struct StageChoice {
+  std::string stage;    // e.g. "select", "sparse_forward", "forward_tile_path"
+  std::string variant;  // e.g. "hopper", "portable", "on", "off"
+  std::string reason;   // why, in words: the chip, the shapes or the option that decided
+};
+// The parts of the call that `problem` and `options` describe, in the order they run, as the
+// entry points will run them on `chip`. Throws flash_msa::Error where the call would (an FP8
+// select the chip cannot run, say); the problem's limits are not checked here.
+std::vector<StageChoice> explain(const Problem& problem, const CallOptions& options,
+                                 const Chip& chip);
+std::vector<StageChoice> explain(const Problem& problem, const CallOptions& options);
+
 // The implementation sparse_forward and sparse_backward take for `problem` on the current
-// device: kHopper on compute capability 9.x when D = 128 and the binary holds sm_90a code,
-// unless the environment variable FLASH_MSA_PORTABLE_KERNELS is set to anything but "0";
-// kPortable otherwise. The device is probed once and cached; no synchronisation.
+// chip: kHopper on compute capability 9.x when D = 128 and the binary holds sm_90a code,
+// unless FLASH_MSA_PORTABLE_KERNELS is set to anything but "0"; kPortable otherwise.
 Kernels sparse_kernels(const Problem& problem);
 // The implementation warmup_forward and warmup_backward take: kHopper on compute capability 9.x
 // when D = Dp = 128, under the same conditions otherwise (sm_90a code,

@@ -156,9 +156,9 @@ struct BackwardParams {
   MutView dv;   // [B, Hk, S, D]
 };
 
-// Block indices made outside the library, checked by the rule validate_indices_values applies.
-// Of the problem only batch, seqlen, proxy_heads, top_k (K), the query shard and the documents
-// are read.
+// Block indices made outside the library, checked by the rule validate_indices_values applies
+// (cuda::check_indices on the device). Of the problem only batch, seqlen, proxy_heads, top_k
+// (K), the query shard and the documents are read.
 struct CheckIndicesParams {
   Problem problem;
   const int32_t* indices = nullptr;  // [B, Hp, Sq, K] contiguous

@@ -38,6 +38,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("kp"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"),
         py::arg("lse_proxy"), py::arg("indices"), py::arg("scale"), py::arg("proxy_scale"),
         py::arg("cu_seqlens"), py::arg("kl_out"), py::arg("query_offset"));
+  m.def("explain", &ext::explain, py::arg("qp"), py::arg("kp"), py::arg("q"), py::arg("k"),
+        py::arg("top_k_blocks"), py::arg("warmup"), py::arg("kl_value_in_forward"),
+        py::arg("fp8"), py::arg("query_offset"));
   m.def("built_with_cuda", &ext::built_with_cuda);
   m.def("cuda_device_available", &cuda_device_available,
         "True when built with CUDA and a device of compute capability >= 8.0 is visible");

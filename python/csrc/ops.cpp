@@ -239,24 +239,45 @@ void check_indices(const at::Tensor& indices_in, const std::optional<at::Tensor>
   check_value(indices_in.scalar_type() == at::kInt && indices_in.dim() == 4,
               "flash_msa: indices: expected int32 [B, Hp, Sq, K], got " +
                   dtype_str(indices_in.scalar_type()) + " " + shape_str(indices_in.sizes()));
-  // The rule runs on the host: device tensors are copied there (one synchronisation).
-  const at::Tensor indices = indices_in.cpu().contiguous();
-  std::optional<at::Tensor> host_cu;
-  if (cu_seqlens) {
-    check_same_device(indices_in, *cu_seqlens, "cu_seqlens");
-    host_cu = cu_seqlens->cpu();
-  }
+  if (cu_seqlens) check_same_device(indices_in, *cu_seqlens, "cu_seqlens");
+  const at::Tensor indices = indices_in.contiguous();
   Problem problem{.batch = indices.size(0),
                   .seqlen = seqlen,
                   .proxy_heads = indices.size(1),
                   .top_k = indices.size(3),
                   .query_offset = query_offset,
                   .query_len = indices.size(2)};
-  const at::Tensor cu = set_documents(problem, host_cu, indices);
+  const at::Tensor cu = set_documents(problem, cu_seqlens, indices);
   const CheckIndicesParams params{.problem = problem,
                                   .indices = indices.const_data_ptr<int32_t>()};
-  validate(params);
-  validate_indices_values(problem, problem.cu_seqlens, params.indices);
+  if (on_cuda(indices)) {
+#ifdef FLASH_MSA_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(indices.device());
+    at::Tensor holder;
+    cuda::check_indices(params, workspace(cuda::check_indices_workspace_bytes(), indices, holder),
+                        at::cuda::getCurrentCUDAStream());
+#endif
+  } else {
+    validate(params);
+    validate_indices_values(problem, problem.cu_seqlens, params.indices);
+  }
+}
+
+std::vector<std::tuple<std::string, std::string, std::string>> explain(
+    const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k,
+    int64_t top_k_blocks, bool warmup, bool kl_value_in_forward, bool fp8, int64_t query_offset) {
+  check_value(on_cuda(q), "flash_msa: explain: expected CUDA tensors (CPU tensors run the C++ "
+                          "reference backend), got " + q.device().str());
+  std::vector<std::tuple<std::string, std::string, std::string>> out;
+#ifdef FLASH_MSA_WITH_CUDA
+  const Problem problem = make_problem(qp, kp, q, k, top_k_blocks, 1.0, 1.0, query_offset);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cuda::CallOptions options{
+      .warmup = warmup, .kl_value_in_forward = kl_value_in_forward, .fp8_select = fp8};
+  for (const cuda::StageChoice& c : cuda::explain(problem, options))
+    out.emplace_back(c.stage, c.variant, c.reason);
+#endif
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(

@@ -8,7 +8,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace flash_msa::torch_ext {
 
@@ -24,10 +26,15 @@ at::Tensor select(const at::Tensor& qp, const at::Tensor& kp, int64_t top_k_bloc
                   double proxy_scale, const std::optional<at::Tensor>& cu_seqlens,
                   int64_t query_offset, bool fp8);
 
+// The kernels each part of a call on CUDA tensors runs, in order: (stage, variant, reason), as
+// cuda::explain reports them for the current device.
+std::vector<std::tuple<std::string, std::string, std::string>> explain(
+    const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& q, const at::Tensor& k,
+    int64_t top_k_blocks, bool warmup, bool kl_value_in_forward, bool fp8, int64_t query_offset);
+
 // Checks block indices made outside the library, [B, Hp, Sq, K] int32, against a sequence of
 // `seqlen` tokens (and cu_seqlens): the CPU backend's rule on either device, the same error
-// (ValueError) naming the batch, proxy head, query and value. Device tensors are copied to the
-// host for it (a synchronisation).
+// (ValueError) naming the batch, proxy head, query and value. On CUDA it waits for the device.
 void check_indices(const at::Tensor& indices, const std::optional<at::Tensor>& cu_seqlens,
                    int64_t seqlen, int64_t query_offset);
 

@@ -15,6 +15,7 @@ from .analysis import selection_stats
 from .interface import (
     BLOCK_SIZE,
     check_indices,
+    explain,
     flash_msa_func,
     flash_msa_func_warmup,
     flash_msa_warmup_func,
@@ -42,6 +43,7 @@ __all__ = [
     "built_with_cuda",
     "check_indices",
     "distributed",
+    "explain",
     "flash_msa_func",
     "flash_msa_func_warmup",
     "flash_msa_warmup_func",

@@ -36,7 +36,24 @@ import numbers
 from typing import Iterable, Optional
 
 import torch
+import transformers
+from packaging.version import Version
 from torch import Tensor, nn
+
+# The oldest transformers the integration is tested with (scripts/install_deps.sh pins it). With
+# 5.17, for one, a chunk of tokens after a cached prefix gets other logits than the whole
+# sequence, and models lack activation_checkpointing_enable.
+MIN_TRANSFORMERS = "5.25.0"
+
+
+def _check_transformers(version: str) -> None:
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise ImportError(f"flash_msa.hf: expected transformers >= {MIN_TRANSFORMERS}, got "
+                          f"{version}")
+
+
+_check_transformers(transformers.__version__)
+
 from transformers import (MODEL_FOR_CAUSAL_LM_MAPPING, AttentionInterface, AutoConfig,
                           PreTrainedModel, TrainerCallback)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward

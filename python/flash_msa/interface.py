@@ -298,10 +298,10 @@ def check_indices(
     of ``seqlen`` tokens (default: ``query_offset + Sq``): per row, strictly ascending blocks
     holding a key of the query's document, ending with the query's own block, then -1 padding
     (the form :func:`select_blocks` returns). Raises ValueError naming the batch, proxy head and
-    query of the first bad row and its value: the check the CPU backend makes as it reads
-    indices, in the same words. CUDA tensors are copied to the host for it (one
-    synchronisation), so call it outside CUDA graph capture and torch.compile, e.g. once on
-    indices that :func:`sparse_attention` will reuse.
+    query of the first bad row and its value, the same on CPU and CUDA. On CUDA it waits for
+    the device once (a kernel finds the bad row; the host reads one word), so it cannot run
+    under CUDA graph capture or torch.compile: check there once beforehand and pass
+    ``check_indices=False`` to :func:`sparse_attention`.
     """
     if not isinstance(indices, Tensor) or indices.dtype != torch.int32 or indices.dim() != 4:
         got = (f"{indices.dtype} of shape {tuple(indices.shape)}" if isinstance(indices, Tensor)
@@ -331,20 +331,34 @@ def sparse_attention(
     compute_kl: bool = False,
     kl_out: Optional[Tensor] = None,
     query_offset: Optional[int] = None,
+    check_indices: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Main attention over given blocks plus the KL alignment loss (SPEC sections 2-4).
 
     ``indices`` int32 (B, Hp, S, K) in the form :func:`select_blocks` returns: per row,
     strictly ascending visible blocks (of 128 keys) that include the query's own block, then
-    -1 padding. The CPU backend checks this as it reads them and raises ValueError naming the
-    row and the value; on CUDA, check them with :func:`check_indices` (the kernels skip
-    invalid entries: they never read out of bounds, but raise no error either).
+    -1 padding. Indices that break this raise ValueError naming the batch, proxy head, query
+    and value, on CPU and CUDA alike (:func:`check_indices`). The CPU backend checks them as it
+    reads them; on CUDA ``check_indices=True`` (the default) waits for the device once to
+    check them before the kernels run. Under CUDA graph capture or torch.compile that wait is
+    not possible: check the indices beforehand with :func:`check_indices` and pass
+    ``check_indices=False``, which skips the CUDA check (invalid rows then attend only their
+    valid blocks, with no error). :func:`flash_msa_func` never checks: select's indices are
+    valid by construction.
     Returns (out (B, S, H*D), kl 0-dim fp32, float64 for float64 inputs), differentiable
     w.r.t. q, k, v (through out) and q_proxy, k_proxy (through kl). The KL value, as in
     :func:`flash_msa_func`: in ``kl_out`` after the backward, or in kl with ``compute_kl=True``.
     """
     query_offset = _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens, query_offset)
     _check_indices(indices, q_proxy)
+    if not isinstance(check_indices, bool):
+        _fail(f"check_indices: expected a bool, got {check_indices!r}")
+    if check_indices and indices.is_cuda:
+        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+            _fail("check_indices: the check of indices on CUDA waits for the device, which "
+                  "torch.compile and CUDA graph capture cannot; check them beforehand with "
+                  "flash_msa.check_indices and pass check_indices=False")
+        ops.check_indices(indices, cu_seqlens, k_proxy.shape[2], query_offset)
     return _attention(q_proxy, k_proxy, q, k, v, indices, scale, proxy_scale, cu_seqlens,
                       compute_kl, kl_out, query_offset)
 
@@ -426,6 +440,43 @@ def flash_msa_warmup_func(
     out, kl = _attention(q_proxy, k_proxy, q, k, v, None, scale, proxy_scale, cu_seqlens,
                          compute_kl, kl_out, query_offset)
     return (out, kl) if return_kl else out
+
+
+def explain(
+    q_proxy: Tensor,
+    k_proxy: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    top_k: Optional[int] = None,
+    *,
+    warmup: bool = False,
+    compute_kl: bool = False,
+    select_dtype: Optional[torch.dtype] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    query_offset: Optional[int] = None,
+) -> list:
+    """The kernels :func:`flash_msa_func` (or, with ``warmup=True``,
+    :func:`flash_msa_warmup_func`) runs for these arguments, forward and backward, in the order
+    it runs them: a list of ``{"stage", "variant", "reason"}`` dicts. Nothing runs and nothing
+    waits for the device. On CUDA the choice is the one the call makes (one function per stage
+    picks it, from the GPU, the shapes and the options; docs/design.md); CPU tensors run the C++
+    reference backend. Raises what the call would raise for these arguments (an FP8 select the
+    GPU cannot run, say).
+    """
+    query_offset = _check_all(q_proxy, k_proxy, q, k, v, cu_seqlens, query_offset)
+    for name, flag in (("warmup", warmup), ("compute_kl", compute_kl)):
+        if not isinstance(flag, bool):
+            _fail(f"{name}: expected a bool, got {flag!r}")
+    top_k_blocks = 0 if warmup else _check_top_k(top_k) // BLOCK_SIZE
+    fp8 = False if warmup else _check_select_dtype(select_dtype, q_proxy)
+    if not q.is_cuda:
+        stages = (("warmup_forward", "warmup_backward") if warmup
+                  else ("select", "sparse_forward", "sparse_backward"))
+        return [{"stage": s, "variant": "cpu", "reason": "CPU tensors run the C++ reference "
+                 "backend"} for s in stages]
+    return [{"stage": s, "variant": v, "reason": r} for s, v, r in ops.explain(
+        q_proxy, k_proxy, q, k, top_k_blocks, warmup, compute_kl, fp8, query_offset)]
 
 
 # Flash-MSA exports its warmup function under these names too.

@@ -37,6 +37,14 @@ def check_indices(indices: Tensor, cu_seqlens: Optional[Tensor], seqlen: int,
     _C.check_indices(indices, cu_seqlens, seqlen, query_offset)
 
 
+def explain(q_proxy: Tensor, k_proxy: Tensor, q: Tensor, k: Tensor, top_k_blocks: int,
+            warmup: bool, kl_value_in_forward: bool, fp8: bool, query_offset: int) -> list:
+    """The (stage, variant, reason) triples of a call on CUDA tensors (flash_msa.explain). A plain
+    function: it reads shapes and the device, no tensor values."""
+    return _C.explain(q_proxy, k_proxy, q, k, top_k_blocks, warmup, kl_value_in_forward, fp8,
+                      query_offset)
+
+
 def _stats_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 

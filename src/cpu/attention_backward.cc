@@ -118,7 +118,7 @@ void backward(const BackwardParams& params, bool warmup) {
         for (int64_t x = 0; x < n; ++x) {
           const size_t at = static_cast<size_t>(x);
           const T t = teacher[at] * inv_g, log_pp = grad[at] - lse_proxy;
-          if (kl_out && t > 0) kl += static_cast<double>(t) * (std::log(double(t)) - log_pp);
+          if (kl_out && !(t <= 0)) kl += static_cast<double>(t) * (std::log(double(t)) - log_pp);
           grad[at] = kl_weight * (std::exp(log_pp) - t);
         }
         if (kl_out) kl_rows[static_cast<size_t>(r)] = kl;

@@ -77,7 +77,7 @@ void forward(const ForwardParams& params, bool warmup) {
         double kl = 0;
         for (int64_t x = 0; x < n; ++x) {
           const double t = teacher[static_cast<size_t>(x)] / static_cast<double>(d.G);
-          if (t > 0) kl += t * (std::log(t) - (s[static_cast<size_t>(x)] - lse_proxy));
+          if (!(t <= 0)) kl += t * (std::log(t) - (s[static_cast<size_t>(x)] - lse_proxy));
         }
         kl_rows[static_cast<size_t>(r)] = kl;
       }

@@ -379,3 +379,23 @@ def test_float64_on_cuda_is_refused_clearly():
         flash_msa.flash_msa_func(*tensors, 128)
     with pytest.raises(ValueError, match="q: float32 runs on the CPU backend only"):
         flash_msa.ops.forward(*tensors, None, 0.125, 0.125, None, True, None)
+
+
+def test_out_of_device_memory_is_torch_s_error_with_the_size():
+    """A workspace that does not fit surfaces as torch.OutOfMemoryError naming the size asked
+    for (the ops allocate through torch's caching allocator); the device stays usable."""
+    shape = Shape(B=1, S=8192, H=64, Hk=4, Hp=4, Hpk=1, D=128, Dp=128, K=16)
+    x = random_inputs(shape, torch.bfloat16, seed=5, device="cuda")
+    args = [x[n] for n in NAMES]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    filler = torch.empty(free - (64 << 20), dtype=torch.uint8, device="cuda")  # leave 64 MiB
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate [0-9.]+ [GM]iB"):
+            flash_msa.flash_msa_func(*args, shape.K * 128)
+    finally:
+        del filler
+        torch.cuda.empty_cache()
+    out, _ = flash_msa.flash_msa_func(*args, shape.K * 128)  # and then it runs
+    assert out.isfinite().all()

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", minversion="5.25.0")  # flash_msa.hf's
 
 import flash_msa  # noqa: E402
 from conftest import check_rule, max_err  # noqa: E402
@@ -216,6 +216,14 @@ def test_convert_argument_errors(kw, match):
     kw = {"top_k": 128, **kw}
     with pytest.raises(ValueError, match=f"flash_msa: hf.convert: {match}"):
         hf.convert(make_model("qwen3"), **kw)
+
+
+def test_an_older_transformers_is_refused():
+    with pytest.raises(ImportError,
+                       match="flash_msa.hf: expected transformers >= 5.25.0, got 5.17.0"):
+        hf._check_transformers("5.17.0")
+    hf._check_transformers(hf.MIN_TRANSFORMERS)
+    hf._check_transformers("6.0.0")
 
 
 def test_what_the_converted_attention_rejects():

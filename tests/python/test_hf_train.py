@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", minversion="5.25.0")  # flash_msa.hf's
 
 import flash_msa  # noqa: E402
 from conftest import check_rule  # noqa: E402

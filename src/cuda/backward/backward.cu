@@ -17,6 +17,7 @@
 #include "cuda/host/impl.h"
 #include "cuda/host/limits.h"
 #include "cuda/host/plan.h"
+#include "cuda/host/variants.h"
 #include "cuda/passes/passes.h"
 #include "cuda/proxy/portable/proxy_portable.h"
 #include "cuda/warmup/warmup.h"
@@ -91,7 +92,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
   Buffers ws{};
   plan.carve(workspace.data, layout(pr, kl, &ws));
   const KernelShape& shape = plan.shape();
-  const bool hopper = sparse_kernels(pr) == Kernels::kHopper;
+  const bool hopper = sparse_backward_variant(pr, current_chip()).kernels == Kernels::kHopper;
   const schedule::Index index = schedule::build_index(plan.schedule_shape(), params.indices,
                                                       pr.cu_seqlens, pr.num_docs, ws.index, stream);
   const bool proxy = params.kl_grad != nullptr;  // w = 0 otherwise: zero proxy gradients
@@ -183,7 +184,7 @@ void sparse_backward(const BackwardParams& params, Workspace workspace, cudaStre
         dispatch_attention(
             pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
               if (chunk.begin == shape.query_offset) passes::launch_delta<T>(delta, stream);
-              if (hopper)  // only where D = 128, the Hopper kernel's head dim
+              if (hopper)
                 sm90::launch_sparse_backward<T>(bp, stream);
               else
                 portable::launch_sparse_backward<T, kD, false>(bp, stream);

@@ -24,6 +24,7 @@
 #include "cuda/host/impl.h"
 #include "cuda/host/limits.h"
 #include "cuda/host/plan.h"
+#include "cuda/host/variants.h"
 #include "cuda/passes/passes.h"
 #include "cuda/proxy/portable/proxy_portable.h"
 #include "cuda/warmup/warmup.h"
@@ -86,9 +87,8 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
   Buffers ws{};
   plan.carve(workspace.data, layout(pr, kl, &ws));
   const KernelShape& shape = plan.shape();
-  const bool hopper = sparse_kernels(pr) == Kernels::kHopper;
-  // hopper holds only where D = 128; the tile path's kernel also needs Dp = 128.
-  const bool tile_path = hopper && pr.proxy_head_dim == 128 && !kl;
+  const SparseForwardVariant variant = sparse_forward_variant(pr, kl, current_chip());
+  const bool hopper = variant.main.kernels == Kernels::kHopper, tile_path = variant.tile_path;
   schedule::Tiles tiles{};
   const schedule::Index index =
       schedule::build_index(plan.schedule_shape(), params.indices, pr.cu_seqlens, pr.num_docs,
@@ -148,15 +148,12 @@ void sparse_forward(const ForwardParams& params, Workspace workspace, cudaStream
         };
         dispatch_attention(
             pr.dtype, pr.head_dim, pr.proxy_head_dim, [&]<class T, int kD, int kDp>() {
-              // hopper holds only where D = 128, the Hopper kernel's head dim; it takes the
-              // proxy lse along where Dp = 128.
-              const bool proxy_along = hopper && kDp == 128;
-              if (proxy_along) fp.lse_p_part = ws.lse_p_part;
+              if (variant.proxy_in_main) fp.lse_p_part = ws.lse_p_part;
               if (hopper)
                 sm90::launch_sparse_forward<T>(fp, stream);
               else
                 portable::launch_sparse_forward<T, kD>(fp, stream);
-              if (!proxy_along)
+              if (!variant.proxy_in_main)
                 portable::launch_proxy<T, kDp, portable::ProxyMode::kLse>(pp, stream);
               passes::launch_merge<T, kD>(mp, stream);
               if (!kl) return;

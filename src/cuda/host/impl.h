@@ -1,7 +1,5 @@
-// Which implementation runs the sparse main kernels and select, and the launch of a kernel with
-// a large dynamic shared-memory plan. The choice is made once per call by the host entries and
-// is the one flash_msa::cuda::sparse_kernels and select_kernels report (cuda.h); what it reads
-// of the device is probed once per device and cached, so launches do no device queries.
+// The Hopper kernels' probes of their sm_90a code (which host/variants.cu reads for the choice
+// of each stage's kernels) and the launch of a kernel with a large dynamic shared-memory plan.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -14,6 +14,7 @@
 #include "cuda/host/impl.h"
 #include "cuda/host/limits.h"
 #include "cuda/host/plan.h"
+#include "cuda/host/variants.h"
 #include "cuda/select/portable/select_portable.h"
 #include "cuda/select/sm90/select_sm90.h"
 #include "flash_msa/cuda.h"
@@ -85,26 +86,15 @@ portable::SelectKernelParams kernel_params(const SelectParams& params) {
   };
 }
 
-// Whether the Hopper kernel runs (FP8 runs only there).
+// Whether the Hopper kernel runs (FP8 runs only there: select_variant throws where it cannot).
 bool runs_hopper(const SelectParams& params) {
-  return params.precision == SelectPrecision::kFloat8E4M3 ||
-         select_kernels(params.problem) == Kernels::kHopper;
+  const bool fp8 = params.precision == SelectPrecision::kFloat8E4M3;
+  return select_variant(params.problem, fp8, current_chip()).kernels == Kernels::kHopper;
 }
 
 // The Hopper kernel's parts per key walk, 1 on the portable kernel.
 int parts_of(const SelectParams& params, const portable::SelectKernelParams& kp) {
   return runs_hopper(params) ? sm90::select_parts(kp) : 1;
-}
-
-void check_fp8(const Problem& pr) {
-  if (pr.proxy_head_dim != sm90::kSelectFp8Dp)
-    limit_error("proxy_head_dim", "128 for the FP8 select (precision float8_e4m3)",
-                std::to_string(pr.proxy_head_dim));
-  if (select_kernels(pr) != Kernels::kHopper)
-    throw Error(
-        "flash_msa: precision: expected exact here, got float8_e4m3: the FP8 select runs on the "
-        "Hopper select kernel, which needs a GPU of compute capability 9.x, a build with sm_90a "
-        "code and FLASH_MSA_PORTABLE_KERNELS unset (select_kernels() says portable)");
 }
 
 // E4M3 copies of `view` ([B, heads, tokens, 128]) into `out` ([B, heads, padded, 128]) and,
@@ -178,7 +168,7 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
   const Problem& pr = params.problem;
   const portable::SelectKernelParams kp = kernel_params(params);
   const bool fp8 = params.precision == SelectPrecision::kFloat8E4M3;
-  if (fp8) check_fp8(pr);
+  const bool hopper = runs_hopper(params);  // FP8: the checks of select_variant
   Fp8Buffers f{};
   sm90::SelectParts parts{};
   const int count = parts_of(params, kp);
@@ -192,7 +182,6 @@ void select(const SelectParams& params, Workspace workspace, cudaStream_t stream
       select_fp8<__half>(params, kp, f, parts, stream);
     return;
   }
-  const bool hopper = runs_hopper(params);
   if (pr.dtype == DType::kBFloat16) {
     dispatch_dp<__nv_bfloat16>(kp, pr.proxy_head_dim, hopper, parts, stream);
   } else {

@@ -12,6 +12,7 @@
 #include "cuda/host/impl.h"
 #include "cuda/host/limits.h"
 #include "cuda/host/plan.h"
+#include "cuda/host/variants.h"
 #include "cuda/passes/passes.h"
 #include "cuda/warmup/portable/warmup_portable.h"
 #include "cuda/warmup/sm90/warmup_sm90.h"
@@ -21,7 +22,9 @@
 namespace flash_msa::cuda {
 namespace {
 
-bool hopper_warmup(const Problem& pr) { return warmup_kernels(pr) == Kernels::kHopper; }
+bool hopper_warmup(const Problem& pr) {
+  return warmup_variant(pr, current_chip()).kernels == Kernels::kHopper;
+}
 
 // The forward's arrays: the portable forward's one fp32 KL term per (b, p, i) (KL value only);
 // where the Hopper kernels run, the document starts and, for the KL value, scratch outputs of

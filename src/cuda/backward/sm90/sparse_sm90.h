@@ -10,6 +10,10 @@
 
 namespace flash_msa::cuda::sm90 {
 
+// What the kernel takes; the host's choice (host/variants.cu) reads it.
+inline constexpr char kSparseBackwardTakes[] = "D = 128";
+inline bool sparse_backward_takes(const Problem& pr) { return pr.head_dim == 128; }
+
 template <class T>
 void launch_sparse_backward(const portable::SparseBackwardParams& params, cudaStream_t stream);
 

@@ -16,6 +16,12 @@
 
 namespace flash_msa::cuda::sm90 {
 
+// What the kernel takes; the host's choice (host/variants.cu) reads it.
+inline constexpr char kDenseForwardTakes[] = "D = Dp = 128";
+inline bool dense_forward_takes(const Problem& pr) {
+  return pr.head_dim == 128 && pr.proxy_head_dim == 128;
+}
+
 struct DenseForwardParams {
   ConstView q;               // [B, H, Sq, D] strided, 16-byte aligned rows (likewise every view)
   ConstView k;               // [B, Hk, S, D]

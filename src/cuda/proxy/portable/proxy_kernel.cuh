@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_kernel(const ProxyParams p)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float x = s[0][nt][2 * h + e];
-            if (kl_value && tv[e] > 0.f && x != -INFINITY)
+            if (kl_value && !(tv[e] <= 0.f) && x != -INFINITY)
               term += tv[e] * (__logf(tv[e]) - (x - lse2[h]) * kLn2);
             if constexpr (kGrad)
               g[e] = x == -INFINITY ? 0.f : coef * (fast_exp2(x - lse2[h]) - tv[e]);

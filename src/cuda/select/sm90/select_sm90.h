@@ -43,6 +43,12 @@ void launch_select(const portable::SelectKernelParams& params, const SelectParts
 
 inline constexpr int kSelectFp8Dp = 128;  // the one proxy head dim of the FP8 select
 
+// What the kernel takes; the host's choice (host/variants.cu) reads it.
+inline constexpr char kSelectTakes[] = "Dp = 64 or 128";
+inline bool select_takes(const Problem& pr) {
+  return pr.proxy_head_dim == 64 || pr.proxy_head_dim == 128;
+}
+
 struct QuantizeParams {
   ConstView in;        // [B, H, tokens, 128] strided, 8-byte aligned rows
   uint8_t* out;        // [B, H, padded, 128] contiguous E4M3; rows past `tokens` zero

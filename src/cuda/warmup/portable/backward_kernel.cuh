@@ -31,6 +31,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/documents.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/tile_sm80.cuh"
 #include "cuda/common/warp_reduce.cuh"
@@ -94,23 +95,6 @@ __device__ __forceinline__ void mma_pair(float (&lo)[4], float (&hi)[4], const u
   const uint32_t b1[2] = {b[2], b[3]};
   mma_16x8x16<T>(lo, a, b0);
   mma_16x8x16<T>(hi, a, b1);
-}
-
-// In-row index of the first token of token s's document (cu_seqlens holds every multiple of S,
-// so the document never starts in an earlier batch row).
-__device__ __forceinline__ int doc_start_of(const int32_t* cu, int num_docs, int b, int s,
-                                            int seqlen) {
-  if (cu == nullptr) return 0;
-  const int t = b * seqlen + s;
-  int lo = 0, hi = num_docs;  // the last d with cu[d] <= t (skips empty documents)
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (__ldg(cu + mid) <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return max(__ldg(cu + lo) - b * seqlen, 0);
 }
 
 // Copies `rows` rows of C channels from base + r * stride into a swizzled tile; rows >= valid
@@ -314,7 +298,7 @@ __global__ void __launch_bounds__(kDqWarps * 32) dq_kernel(const BackwardKernelP
           const int key = key0 + nt * 8 + 2 * (lane % 4) + (e % 2);
           const bool vis = lane < 4 && e < 2 && key <= i && key >= ds;
           const float log2_pp = sp[nt][e] * psl2 - lsep2, tv = t[nt][e % 2];
-          if (p.kl_rows && vis && tv > 0.f) kl += tv * (__logf(tv) - log2_pp * kLn2);
+          if (p.kl_rows && vis && !(tv <= 0.f)) kl += tv * (__logf(tv) - log2_pp * kLn2);
           sp[nt][e] = vis ? exp2f(log2_pp) - tv : 0.f;
         }
 #pragma unroll

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(ForwardConfig<kD, kDp>::kWarps * 32)
         t *= inv_group;
         // Lanes 0..3 hold row 0 (the proxy row) of the same columns.
         const int key = key_cur + nt * 8 + col + e;
-        if (lane < 4 && t > 0.f && key <= query && key >= doc_start) {
+        if (lane < 4 && !(t <= 0.f) && key <= query && key >= doc_start) {
           const float log_pp = sp[nt][e] * (p.shape.proxy_scale_log2 * kLn2) - lse_p;
           kl += t * (__logf(t) - log_pp);
         }

@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const DenseBackwa
             const float t = teacher[j * kThreads + threadIdx.x] * inv_group;
             g[e] = w * (pp - t);
             // t log(t / pp), log pp = Sp proxy_scale - lse_p; t = 0 where pp is masked.
-            if (t > 0.f) kl += t * (__logf(t) - fmaf(sp[j], sh.proxy_scale, -stat[h]));
+            if (!(t <= 0.f)) kl += t * (__logf(t) - fmaf(sp[j], sh.proxy_scale, -stat[h]));
           }
           const int r = 16 * warp + 8 * h + lane / 4, col = 64 * wg + 8 * cc + 2 * (lane % 4);
           store_pair<T>(s_p, r, col, g[0], g[1]);

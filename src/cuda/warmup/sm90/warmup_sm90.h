@@ -16,6 +16,12 @@
 
 namespace flash_msa::cuda::sm90 {
 
+// What the kernel takes; the host's choice (host/variants.cu) reads it.
+inline constexpr char kWarmupBackwardTakes[] = "D = Dp = 128";
+inline bool warmup_backward_takes(const Problem& pr) {
+  return pr.head_dim == 128 && pr.proxy_head_dim == 128;
+}
+
 // Query rows of a chunk of the dense backward (its tiles, counters and accumulator tiles).
 inline constexpr int kDenseChunkRows = 64;
 

@@ -3,7 +3,7 @@ on the same tensors.
 
     bash bench/install_flash_msa_peer.sh WHEELS SITE
     PYTHONPATH=SITE:SITE/nvidia_cutlass_dsl/dsl_packages \
-        python3 bench/flash_msa_peer.py --out bench/results/RUN.json
+        python3 bench/against_flash_msa.py --out bench/results/RUN.json
 
 Flash-MSA installs as a package named flash_msa, as this library does; the install script puts
 it under the name flash_msa_peer. bench/msa_bench.py runs the same comparison when that module
