@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "cpu/tensor.h"
@@ -109,14 +111,43 @@ void proxy_dots(const Dims& d, int64_t b, int64_t pk, const T* row, const Packed
   });
 }
 
-// The host-side value checks both directions run before reading a tensor: the document offsets
-// in warmup, the index entries (against the documents) in sparse mode.
-inline void validate_host_values(const Problem& pr, const int32_t* indices, bool warmup) {
+// A forward or backward call: the checks (the params, then before any tensor is read the
+// document offsets in warmup or the index entries, against the documents, in sparse mode), then
+// op(T{}) in the call's compute type T (with_compute_type, tensor.h).
+template <class Params, class Op>
+void checked_run(const Params& params, bool warmup, Op&& op) {
+  validate(params, warmup);
+  const Problem& pr = params.problem;
   if (warmup) {
     validate_cu_seqlens_values(pr, pr.cu_seqlens);
   } else {
-    validate_indices_values(pr, pr.cu_seqlens, indices);
+    validate_indices_values(pr, pr.cu_seqlens, params.indices);
   }
+  with_compute_type(pr.dtype, op);
+}
+
+// The KL value (SPEC section 3): the mean of the per-row terms over the B * Hp * S rows, summed
+// in row order.
+template <class T>
+T kl_mean(const std::vector<double>& kl_rows, const Dims& d) {
+  return static_cast<T>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
+                        static_cast<double>(d.kl_rows()));
+}
+
+// Query row r = (b, p, i) of a call, in order: b, p, i, the group's first head h0 = p G, the
+// query's position pos among the keys, then the key ranges it attends (its selected blocks in
+// the documents, or every visible key in warmup: `indices` null) written to `ranges`, their
+// number and their key count.
+struct QueryRow {
+  int64_t b, p, i, h0, pos, ranges, keys;
+};
+inline QueryRow query_row(const Dims& d, int64_t r, const int32_t* indices,
+                          const std::vector<int32_t>& starts, KeyRange* ranges) {
+  const int64_t b = r / (d.Hp * d.Sq), p = r / d.Sq % d.Hp, i = r % d.Sq, pos = d.Q0 + i;
+  const int32_t* row = indices ? indices + r * d.K : nullptr;
+  const int64_t nr =
+      attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + pos)], pos, ranges);
+  return {b, p, i, p * d.G, pos, nr, key_count(ranges, nr)};
 }
 
 // The largest attended-key count of any query: K blocks, or every key in warmup.

@@ -68,12 +68,8 @@ void backward(const BackwardParams& params, bool warmup) {
     std::vector<T> teacher(static_cast<size_t>(max_keys)), grad(teacher.size());
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
     for (int64_t r; rows.next(r);) {
-      const int64_t b = r / (d.Hp * d.Sq), p = r / d.Sq % d.Hp, i = r % d.Sq, h0 = p * d.G;
-      const int64_t pos = d.Q0 + i;  // the query's position among the keys
-      const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
-      const int64_t nr = attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + pos)], pos,
-                                         ranges.data());
-      const int64_t n = key_count(ranges.data(), nr);
+      const auto [b, p, i, h0, pos, nr, n] =
+          query_row(d, r, warmup ? nullptr : params.indices, starts, ranges.data());
       for (int64_t g = 0; g < d.G; ++g) {
         const size_t at = static_cast<size_t>(g * d.D);
         load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, &q[at]);
@@ -135,19 +131,14 @@ void backward(const BackwardParams& params, bool warmup) {
                 pr.proxy_scale);
     }
   });
-  if (kl_out)
-    *kl_out = static_cast<T>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
-                             static_cast<double>(d.kl_rows()));
+  if (kl_out) *kl_out = kl_mean<T>(kl_rows, d);
   reduce_store(pr.dtype, dk_acc, params.dk, d.B, d.Hk, d.S, d.D);
   reduce_store(pr.dtype, dv_acc, params.dv, d.B, d.Hk, d.S, d.D);
   reduce_store(pr.dtype, dkp_acc, params.dkp, d.B, d.Hpk, d.S, d.Dp);
 }
 
 void run(const BackwardParams& params, bool warmup) {
-  validate(params, warmup);
-  validate_host_values(params.problem, params.indices, warmup);
-  with_compute_type(params.problem.dtype,
-                    [&](auto zero) { backward<decltype(zero)>(params, warmup); });
+  checked_run(params, warmup, [&](auto zero) { backward<decltype(zero)>(params, warmup); });
 }
 
 }  // namespace

@@ -40,12 +40,8 @@ void forward(const ForwardParams& params, bool warmup) {
     std::vector<T> teacher(static_cast<size_t>(max_keys)), s(teacher.size());
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
     for (int64_t r; rows.next(r);) {
-      const int64_t b = r / (d.Hp * d.Sq), p = r / d.Sq % d.Hp, i = r % d.Sq, h0 = p * d.G;
-      const int64_t pos = d.Q0 + i;  // the query's position among the keys
-      const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
-      const int64_t nr = attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + pos)], pos,
-                                         ranges.data());
-      const int64_t n = key_count(ranges.data(), nr);
+      const auto [b, p, i, h0, pos, nr, n] =
+          query_row(d, r, warmup ? nullptr : params.indices, starts, ranges.data());
       for (int64_t g = 0; g < d.G; ++g) {
         T* qg = &q[static_cast<size_t>(g * d.D)];
         load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, qg);
@@ -83,16 +79,11 @@ void forward(const ForwardParams& params, bool warmup) {
       }
     }
   });
-  if (kl_out)
-    *kl_out = static_cast<T>(std::accumulate(kl_rows.begin(), kl_rows.end(), 0.0) /
-                             static_cast<double>(d.kl_rows()));
+  if (kl_out) *kl_out = kl_mean<T>(kl_rows, d);
 }
 
 void run(const ForwardParams& params, bool warmup) {
-  validate(params, warmup);
-  validate_host_values(params.problem, params.indices, warmup);
-  with_compute_type(params.problem.dtype,
-                    [&](auto zero) { forward<decltype(zero)>(params, warmup); });
+  checked_run(params, warmup, [&](auto zero) { forward<decltype(zero)>(params, warmup); });
 }
 
 }  // namespace
