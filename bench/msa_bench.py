@@ -384,10 +384,14 @@ def measure_config(name, batch, seqlen, docs, warmup, selection, gen, results, d
     cfg["backward"] = entry(time_ms(backward, **reps), 2.5 * flop)
     cfg["backward_with_kl_value"] = entry(time_ms(lambda: backward(kl_value), **reps), 2.5 * flop)
     torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     step_ms = time_ms(step, **reps)
     cfg["step"] = entry(step_ms, sflop + 3.5 * flop)
     cfg["step_peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+    # The step's memory growth: its peak above what was allocated before it (the inputs), in GB
+    # (1e9 bytes) as bench/against_flash_msa.py measures it for both libraries.
+    cfg["step_memory_growth_gb"] = round((torch.cuda.max_memory_allocated() - before) / 1e9, 2)
     # The KL value from the backward (kl_out; MSAAttention's default) against no value.
     cfg["step_with_kl_value"] = entry(time_ms(lambda: step(kl_value), **reps), sflop + 3.5 * flop)
     cfg["kl_value_share_of_step"] = round(cfg["step_with_kl_value"]["ms"] / step_ms - 1, 4)

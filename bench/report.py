@@ -19,6 +19,12 @@ def share(c):
     return "" if s is None else f" [{100 * s:+.1f} %]"
 
 
+def growth(c):
+    """ (+x.xx GB): the step's memory growth above its inputs, where the run measured it."""
+    g = c.get("step_memory_growth_gb")
+    return "" if g is None else f" (+{g} GB)"
+
+
 def fmt_ms(e):
     if not e or "ms" not in e:
         return "-"
@@ -226,7 +232,7 @@ def page(res, json_name, plots, note):
         "## flash-msa per stage (ms, TFLOP/s)",
         "",
         "| config | select | scheduling | forward | forward + KL value | backward | "
-        "backward + KL value | step | step + KL value (backward's) | peak memory |",
+        "backward + KL value | step | step + KL value (backward's) | peak memory (growth) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in res["configs"]:
@@ -240,7 +246,8 @@ def page(res, json_name, plots, note):
             f"{'-' if sched is None else f'{sched:.2f}'} | {fmt_ms(c['forward'])} | "
             f"{fmt_ms(c.get('forward_with_kl_value'))} | {fmt_ms(c['backward'])} | "
             f"{fmt_ms(c.get('backward_with_kl_value'))} | {fmt_ms(c['step'])} | "
-            f"{fmt_ms(c.get('step_with_kl_value'))}{share(c)} | {c['step_peak_memory_gb']} GB |")
+            f"{fmt_ms(c.get('step_with_kl_value'))}{share(c)} | {c['step_peak_memory_gb']} GB"
+            f"{growth(c)} |")
     out += [
         "",
         "The step is select + forward (without the KL value) + backward (with the proxy "

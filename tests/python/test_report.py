@@ -1,8 +1,10 @@
 """bench/report.py renders what a benchmark result holds (no GPU needed)."""
 
+import json
+
 import torch
 
-from conftest import import_bench
+from conftest import REPO, import_bench
 
 
 def test_warmup_section_compares_with_cudnn():
@@ -55,3 +57,20 @@ def test_the_peer_is_not_the_bench_script():
     bench = import_bench("against_flash_msa")
     peer = bench.load_peer()
     assert peer is None or hasattr(peer, "flash_msa_func")
+
+
+def test_per_stage_table_shows_the_step_s_memory_growth():
+    """A run that measured the step's memory growth shows it beside the peak; older runs, which
+    did not, render as before."""
+    report = import_bench("report")
+    res = json.loads((REPO / "bench/results/2026-12-04-h200-bench-tma.json").read_text())
+    measured = next(c for c in res["configs"] if "step" in c)
+
+    def row():
+        text = report.page(res, "run.json", [], None)
+        return next(line for line in text.splitlines()
+                    if line.startswith(f"| {measured['name']} |") and " GB" in line)
+
+    assert row().endswith(f"| {measured['step_peak_memory_gb']} GB |"), row()
+    measured["step_memory_growth_gb"] = 10.3
+    assert row().endswith(f"| {measured['step_peak_memory_gb']} GB (+10.3 GB) |"), row()
