@@ -246,7 +246,7 @@ def page(res, json_name, plots, note):
             f"{'-' if sched is None else f'{sched:.2f}'} | {fmt_ms(c['forward'])} | "
             f"{fmt_ms(c.get('forward_with_kl_value'))} | {fmt_ms(c['backward'])} | "
             f"{fmt_ms(c.get('backward_with_kl_value'))} | {fmt_ms(c['step'])} | "
-            f"{fmt_ms(c.get('step_with_kl_value'))}{share(c)} | {c['step_peak_memory_gb']} GB"
+            f"{fmt_ms(c.get('step_with_kl_value'))}{share(c)} | {c['step_peak_memory_gb']} GiB"
             f"{growth(c)} |")
     out += [
         "",

@@ -69,8 +69,8 @@ def test_per_stage_table_shows_the_step_s_memory_growth():
     def row():
         text = report.page(res, "run.json", [], None)
         return next(line for line in text.splitlines()
-                    if line.startswith(f"| {measured['name']} |") and " GB" in line)
+                    if line.startswith(f"| {measured['name']} |") and " GiB" in line)
 
-    assert row().endswith(f"| {measured['step_peak_memory_gb']} GB |"), row()
+    assert row().endswith(f"| {measured['step_peak_memory_gb']} GiB |"), row()
     measured["step_memory_growth_gb"] = 10.3
-    assert row().endswith(f"| {measured['step_peak_memory_gb']} GB (+10.3 GB) |"), row()
+    assert row().endswith(f"| {measured['step_peak_memory_gb']} GiB (+10.3 GB) |"), row()
