@@ -181,13 +181,27 @@ TEST_F(FLASH_MSA_VALIDATION_SUITE, TopKIgnoredInWarmup) {
   }
 }
 
-TEST_F(FLASH_MSA_VALIDATION_SUITE, Batch) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.batch = 0; }, {"batch"});
-  expect_problem_error(kAllOps, [](Problem& p) { p.batch = -1; }, {"batch"});
-}
-TEST_F(FLASH_MSA_VALIDATION_SUITE, Seqlen) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.seqlen = 0; }, {"seqlen"});
-  expect_problem_error(kAllOps, [](Problem& p) { p.seqlen = -200; }, {"seqlen"});
+// Every count and size must be positive: each field at 0 and at a negative value.
+TEST_F(FLASH_MSA_VALIDATION_SUITE, NonPositiveSizes) {
+  const struct {
+    const char* name;
+    int64_t Problem::*field;
+    int64_t negative;
+  } fields[] = {
+      {"batch", &Problem::batch, -1},
+      {"seqlen", &Problem::seqlen, -200},
+      {"heads", &Problem::heads, -4},
+      {"kv_heads", &Problem::kv_heads, -2},
+      {"proxy_heads", &Problem::proxy_heads, -2},
+      {"proxy_kv_heads", &Problem::proxy_kv_heads, -1},
+      {"head_dim", &Problem::head_dim, -16},
+      {"proxy_head_dim", &Problem::proxy_head_dim, -8},
+  };
+  for (const auto& f : fields)
+    for (const int64_t value : {int64_t{0}, f.negative}) {
+      SCOPED_TRACE(std::string(f.name) + " = " + std::to_string(value));
+      expect_problem_error(kAllOps, [&](Problem& p) { p.*f.field = value; }, {f.name});
+    }
 }
 TEST_F(FLASH_MSA_VALIDATION_SUITE, QueryShard) {
   // A shard of 128 queries is accepted (where no indices rows of the base selection are read).
@@ -202,30 +216,6 @@ TEST_F(FLASH_MSA_VALIDATION_SUITE, QueryShard) {
       kAllOps, [](Problem& p) { p.query_len = 100, p.query_offset = 101; }, {"query_offset"});
   expect_problem_error(
       kAllOps, [](Problem& p) { p.query_len = 10, p.query_offset = -1; }, {"query_offset"});
-}
-TEST_F(FLASH_MSA_VALIDATION_SUITE, Heads) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.heads = 0; }, {"heads"});
-  expect_problem_error(kAllOps, [](Problem& p) { p.heads = -4; }, {"heads"});
-}
-TEST_F(FLASH_MSA_VALIDATION_SUITE, KvHeads) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.kv_heads = 0; }, {"kv_heads"});
-  expect_problem_error(kAllOps, [](Problem& p) { p.kv_heads = -2; }, {"kv_heads"});
-}
-TEST_F(FLASH_MSA_VALIDATION_SUITE, ProxyHeads) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_heads = 0; }, {"proxy_heads"});
-  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_heads = -2; }, {"proxy_heads"});
-}
-TEST_F(FLASH_MSA_VALIDATION_SUITE, ProxyKvHeads) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_kv_heads = 0; }, {"proxy_kv_heads"});
-  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_kv_heads = -1; }, {"proxy_kv_heads"});
-}
-TEST_F(FLASH_MSA_VALIDATION_SUITE, HeadDim) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.head_dim = 0; }, {"head_dim"});
-  expect_problem_error(kAllOps, [](Problem& p) { p.head_dim = -16; }, {"head_dim"});
-}
-TEST_F(FLASH_MSA_VALIDATION_SUITE, ProxyHeadDim) {
-  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_head_dim = 0; }, {"proxy_head_dim"});
-  expect_problem_error(kAllOps, [](Problem& p) { p.proxy_head_dim = -8; }, {"proxy_head_dim"});
 }
 
 // The contract does not say which of the two related fields a divisibility error names.
