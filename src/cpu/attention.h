@@ -111,11 +111,23 @@ void proxy_dots(const Dims& d, int64_t b, int64_t pk, const T* row, const Packed
   });
 }
 
+// The G query rows of query i's group (heads h0 ..), scaled by the main scale, into q [G, D].
+template <class Params, class T>
+void load_queries(const Params& params, const Dims& d, int64_t b, int64_t h0, int64_t i, T* q) {
+  const Problem& pr = params.problem;
+  for (int64_t g = 0; g < d.G; ++g) {
+    T* row = q + g * d.D;
+    load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, row);
+    for (int64_t c = 0; c < d.D; ++c) row[c] *= pr.scale;
+  }
+}
+
 // A forward or backward call: the checks (the params, then before any tensor is read the
 // document offsets in warmup or the index entries, against the documents, in sparse mode), then
 // op(T{}) in the call's compute type T (with_compute_type, tensor.h).
-template <class Params, class Op>
-void checked_run(const Params& params, bool warmup, Op&& op) {
+template <class Params>
+void checked_run(const Params& params, bool warmup, void (*op_float)(const Params&, bool),
+                 void (*op_double)(const Params&, bool)) {
   validate(params, warmup);
   const Problem& pr = params.problem;
   if (warmup) {
@@ -123,7 +135,9 @@ void checked_run(const Params& params, bool warmup, Op&& op) {
   } else {
     validate_indices_values(pr, pr.cu_seqlens, params.indices);
   }
-  with_compute_type(pr.dtype, op);
+  with_compute_type(pr.dtype, [&](auto zero) {
+    (std::is_same_v<decltype(zero), double> ? op_double : op_float)(params, warmup);
+  });
 }
 
 // The KL value (SPEC section 3): the mean of the per-row terms over the B * Hp * S rows, summed

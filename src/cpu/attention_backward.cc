@@ -70,10 +70,9 @@ void backward(const BackwardParams& params, bool warmup) {
     for (int64_t r; rows.next(r);) {
       const auto [b, p, i, h0, pos, nr, n] =
           query_row(d, r, warmup ? nullptr : params.indices, starts, ranges.data());
+      load_queries(params, d, b, h0, i, q.data());
       for (int64_t g = 0; g < d.G; ++g) {
         const size_t at = static_cast<size_t>(g * d.D);
-        load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, &q[at]);
-        for (int64_t c = 0; c < d.D; ++c) q[at + static_cast<size_t>(c)] *= pr.scale;
         load_row(pr.dtype, params.dout.data, offset(params.dout, b, h0 + g, i), d.D, &dout[at]);
         load_row(pr.dtype, params.out.data, offset(params.out, b, h0 + g, i), d.D, &out[at]);
         delta[static_cast<size_t>(g)] = dot(&out[at], &dout[at], d.D);
@@ -137,13 +136,13 @@ void backward(const BackwardParams& params, bool warmup) {
   reduce_store(pr.dtype, dkp_acc, params.dkp, d.B, d.Hpk, d.S, d.Dp);
 }
 
-void run(const BackwardParams& params, bool warmup) {
-  checked_run(params, warmup, [&](auto zero) { backward<decltype(zero)>(params, warmup); });
-}
-
 }  // namespace
 
-void sparse_backward(const BackwardParams& params) { run(params, false); }
-void warmup_backward(const BackwardParams& params) { run(params, true); }
+void sparse_backward(const BackwardParams& params) {
+  checked_run(params, false, backward<float>, backward<double>);
+}
+void warmup_backward(const BackwardParams& params) {
+  checked_run(params, true, backward<float>, backward<double>);
+}
 
 }  // namespace flash_msa::cpu

@@ -42,11 +42,7 @@ void forward(const ForwardParams& params, bool warmup) {
     for (int64_t r; rows.next(r);) {
       const auto [b, p, i, h0, pos, nr, n] =
           query_row(d, r, warmup ? nullptr : params.indices, starts, ranges.data());
-      for (int64_t g = 0; g < d.G; ++g) {
-        T* qg = &q[static_cast<size_t>(g * d.D)];
-        load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, qg);
-        for (int64_t c = 0; c < d.D; ++c) qg[c] *= pr.scale;
-      }
+      load_queries(params, d, b, h0, i, q.data());
       group_dots(d, b, h0, q.data(), k, ranges.data(), nr, a.data(), n);
       std::fill(teacher.begin(), teacher.begin() + n, T(0));
       for (int64_t g = 0; g < d.G; ++g) {
@@ -82,13 +78,13 @@ void forward(const ForwardParams& params, bool warmup) {
   if (kl_out) *kl_out = kl_mean<T>(kl_rows, d);
 }
 
-void run(const ForwardParams& params, bool warmup) {
-  checked_run(params, warmup, [&](auto zero) { forward<decltype(zero)>(params, warmup); });
-}
-
 }  // namespace
 
-void sparse_forward(const ForwardParams& params) { run(params, false); }
-void warmup_forward(const ForwardParams& params) { run(params, true); }
+void sparse_forward(const ForwardParams& params) {
+  checked_run(params, false, forward<float>, forward<double>);
+}
+void warmup_forward(const ForwardParams& params) {
+  checked_run(params, true, forward<float>, forward<double>);
+}
 
 }  // namespace flash_msa::cpu

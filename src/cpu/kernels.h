@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -22,72 +23,10 @@ inline constexpr int64_t kKeyTile = 32;
 // keys are still in cache.
 inline constexpr int64_t kRowChunk = 16;
 
-// out_r[x] = <row_r, keys[x]> for two rows (r = 0, 1) and n contiguous key rows of `dim` values.
-// A 2 x 4 tile of dot products per pass: six loads feed eight multiply-adds.
+// The four consecutive rows of `dim` values from `first`.
 template <class T>
-void dots2(const T* __restrict row0, const T* __restrict row1, const T* __restrict keys, int64_t n,
-           int64_t dim, T* __restrict out0, T* __restrict out1) {
-  int64_t x = 0;
-  for (; x + 4 <= n; x += 4) {
-    const T* k0 = keys + x * dim;
-    const T* k1 = k0 + dim;
-    const T* k2 = k1 + dim;
-    const T* k3 = k2 + dim;
-    T a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
-    for (int64_t c = 0; c < dim; ++c) {
-      a0 += row0[c] * k0[c];
-      a1 += row0[c] * k1[c];
-      a2 += row0[c] * k2[c];
-      a3 += row0[c] * k3[c];
-      b0 += row1[c] * k0[c];
-      b1 += row1[c] * k1[c];
-      b2 += row1[c] * k2[c];
-      b3 += row1[c] * k3[c];
-    }
-    out0[x] = a0, out0[x + 1] = a1, out0[x + 2] = a2, out0[x + 3] = a3;
-    out1[x] = b0, out1[x + 1] = b1, out1[x + 2] = b2, out1[x + 3] = b3;
-  }
-  for (; x < n; ++x) {
-    const T* k0 = keys + x * dim;
-    T a0 = 0, b0 = 0;
-#pragma omp simd reduction(+ : a0, b0)
-    for (int64_t c = 0; c < dim; ++c) {
-      a0 += row0[c] * k0[c];
-      b0 += row1[c] * k0[c];
-    }
-    out0[x] = a0;
-    out1[x] = b0;
-  }
-}
-
-// out[x] = <row, keys[x]> for n contiguous key rows of `dim` values.
-template <class T>
-void dots(const T* __restrict row, const T* __restrict keys, int64_t n, int64_t dim,
-          T* __restrict out) {
-  int64_t x = 0;
-  for (; x + 4 <= n; x += 4) {
-    const T* k0 = keys + x * dim;
-    const T* k1 = k0 + dim;
-    const T* k2 = k1 + dim;
-    const T* k3 = k2 + dim;
-    T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (int64_t c = 0; c < dim; ++c) {
-      s0 += row[c] * k0[c];
-      s1 += row[c] * k1[c];
-      s2 += row[c] * k2[c];
-      s3 += row[c] * k3[c];
-    }
-    out[x] = s0, out[x + 1] = s1, out[x + 2] = s2, out[x + 3] = s3;
-  }
-  for (; x < n; ++x) {
-    const T* k0 = keys + x * dim;
-    T s0 = 0;
-#pragma omp simd reduction(+ : s0)
-    for (int64_t c = 0; c < dim; ++c) s0 += row[c] * k0[c];
-    out[x] = s0;
-  }
+std::array<const T*, 4> four_rows(const T* first, int64_t dim) {
+  return {first, first + dim, first + 2 * dim, first + 3 * dim};
 }
 
 template <class T>
@@ -98,6 +37,54 @@ T dot(const T* __restrict a, const T* __restrict b, int64_t dim) {
   return s;
 }
 
+// out_r[x] = <row_r, keys[x]> for two rows (r = 0, 1), or one when row1 is null, and n
+// contiguous key rows of `dim` values. A 2 x 4 tile of dot products per pass: six loads feed
+// eight multiply-adds.
+template <class T>
+void dots2(const T* __restrict row0, const T* __restrict row1, const T* __restrict keys, int64_t n,
+           int64_t dim, T* __restrict out0, T* __restrict out1) {
+  int64_t x = 0;
+  for (; x + 4 <= n; x += 4) {
+    const auto [k0, k1, k2, k3] = four_rows(keys + x * dim, dim);
+    T a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+    if (row1 == nullptr) {
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+      for (int64_t c = 0; c < dim; ++c) {
+        a0 += row0[c] * k0[c];
+        a1 += row0[c] * k1[c];
+        a2 += row0[c] * k2[c];
+        a3 += row0[c] * k3[c];
+      }
+    } else {
+#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
+      for (int64_t c = 0; c < dim; ++c) {
+        a0 += row0[c] * k0[c];
+        a1 += row0[c] * k1[c];
+        a2 += row0[c] * k2[c];
+        a3 += row0[c] * k3[c];
+        b0 += row1[c] * k0[c];
+        b1 += row1[c] * k1[c];
+        b2 += row1[c] * k2[c];
+        b3 += row1[c] * k3[c];
+      }
+      out1[x] = b0, out1[x + 1] = b1, out1[x + 2] = b2, out1[x + 3] = b3;
+    }
+    out0[x] = a0, out0[x + 1] = a1, out0[x + 2] = a2, out0[x + 3] = a3;
+  }
+  for (; x < n; ++x) {
+    const T* k0 = keys + x * dim;
+    out0[x] = dot(row0, k0, dim);
+    if (row1 != nullptr) out1[x] = dot(row1, k0, dim);
+  }
+}
+
+// out[x] = <row, keys[x]> for n contiguous key rows of `dim` values.
+template <class T>
+void dots(const T* __restrict row, const T* __restrict keys, int64_t n, int64_t dim,
+          T* __restrict out) {
+  dots2<T>(row, nullptr, keys, n, dim, out, nullptr);
+}
+
 // acc_a[c] += sum_r coef_a[r * coef_stride] * rows[r * dim + c] for two accumulators (a = 0, 1)
 // sharing the rows: four rows per pass, so eight loads and stores feed eight multiply-adds.
 // acc1 may be null (a lone accumulator).
@@ -106,10 +93,7 @@ void axpy2(T* __restrict acc0, T* __restrict acc1, const T* coef0, const T* coef
            int64_t coef_stride, const T* __restrict rows, int64_t n, int64_t dim) {
   int64_t r = 0;
   for (; r + 4 <= n; r += 4) {
-    const T* r0 = rows + r * dim;
-    const T* r1 = r0 + dim;
-    const T* r2 = r1 + dim;
-    const T* r3 = r2 + dim;
+    const auto [r0, r1, r2, r3] = four_rows(rows + r * dim, dim);
     const T a0 = coef0[r * coef_stride], a1 = coef0[(r + 1) * coef_stride];
     const T a2 = coef0[(r + 2) * coef_stride], a3 = coef0[(r + 3) * coef_stride];
     if (acc1 == nullptr) {
