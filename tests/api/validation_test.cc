@@ -469,10 +469,33 @@ void expect_stride_errors(const Params& base, Member member, const char* name, i
   }
 }
 
+// A view of a params struct, its name and its channel count.
+template <class Member>
+struct NamedView {
+  Member member;
+  const char* name;
+  int64_t channels;
+};
+
+// expect_stride_errors for each of `views`.
+template <class Params, class Call, class... Members>
+void expect_stride_errors(const Params& base, const Call& call,
+                          const NamedView<Members>&... views) {
+  (expect_stride_errors(base, views.member, views.name, views.channels, call), ...);
+}
+
+// The stride errors of the views every forward and backward takes: the five inputs and out.
+template <class P, class Call>
+void expect_attention_stride_errors(const P& base, const Dims& d, const Call& call) {
+  expect_stride_errors(base, call, NamedView{&P::qp, "qp", d.Dp}, NamedView{&P::kp, "kp", d.Dp},
+                       NamedView{&P::q, "q", d.D}, NamedView{&P::k, "k", d.D},
+                       NamedView{&P::v, "v", d.D}, NamedView{&P::out, "out", d.D});
+}
+
 TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesSelect) {
   const SelectParams base = select_params();
-  expect_stride_errors(base, &SelectParams::qp, "qp", d_.Dp, entry::select);
-  expect_stride_errors(base, &SelectParams::kp, "kp", d_.Dp, entry::select);
+  expect_stride_errors(base, entry::select, NamedView{&SelectParams::qp, "qp", d_.Dp},
+                       NamedView{&SelectParams::kp, "kp", d_.Dp});
 }
 
 TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesForward) {
@@ -480,32 +503,21 @@ TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesForward) {
     SCOPED_TRACE(warmup ? "warmup" : "sparse");
     const ForwardParams base = forward_params(warmup);
     const auto run = [warmup](const ForwardParams& p) { entry::forward(p, warmup); };
-    expect_stride_errors(base, &ForwardParams::qp, "qp", d_.Dp, run);
-    expect_stride_errors(base, &ForwardParams::kp, "kp", d_.Dp, run);
-    expect_stride_errors(base, &ForwardParams::q, "q", d_.D, run);
-    expect_stride_errors(base, &ForwardParams::k, "k", d_.D, run);
-    expect_stride_errors(base, &ForwardParams::v, "v", d_.D, run);
-    expect_stride_errors(base, &ForwardParams::out, "out", d_.D, run);
+    expect_attention_stride_errors(base, d_, run);
   }
 }
 
 TEST_F(FLASH_MSA_VALIDATION_SUITE, StridesBackward) {
+  using P = BackwardParams;
   for (bool warmup : {false, true}) {
     SCOPED_TRACE(warmup ? "warmup" : "sparse");
-    const BackwardParams base = backward_params(warmup);
-    const auto run = [warmup](const BackwardParams& p) { entry::backward(p, warmup); };
-    expect_stride_errors(base, &BackwardParams::qp, "qp", d_.Dp, run);
-    expect_stride_errors(base, &BackwardParams::kp, "kp", d_.Dp, run);
-    expect_stride_errors(base, &BackwardParams::q, "q", d_.D, run);
-    expect_stride_errors(base, &BackwardParams::k, "k", d_.D, run);
-    expect_stride_errors(base, &BackwardParams::v, "v", d_.D, run);
-    expect_stride_errors(base, &BackwardParams::out, "out", d_.D, run);
-    expect_stride_errors(base, &BackwardParams::dout, "dout", d_.D, run);
-    expect_stride_errors(base, &BackwardParams::dqp, "dqp", d_.Dp, run);
-    expect_stride_errors(base, &BackwardParams::dkp, "dkp", d_.Dp, run);
-    expect_stride_errors(base, &BackwardParams::dq, "dq", d_.D, run);
-    expect_stride_errors(base, &BackwardParams::dk, "dk", d_.D, run);
-    expect_stride_errors(base, &BackwardParams::dv, "dv", d_.D, run);
+    const P base = backward_params(warmup);
+    const auto run = [warmup](const P& p) { entry::backward(p, warmup); };
+    expect_attention_stride_errors(base, d_, run);
+    expect_stride_errors(base, run, NamedView{&P::dout, "dout", d_.D},
+                         NamedView{&P::dqp, "dqp", d_.Dp}, NamedView{&P::dkp, "dkp", d_.Dp},
+                         NamedView{&P::dq, "dq", d_.D}, NamedView{&P::dk, "dk", d_.D},
+                         NamedView{&P::dv, "dv", d_.D});
   }
 }
 
