@@ -122,23 +122,13 @@ void load_queries(const Params& params, const Dims& d, int64_t b, int64_t h0, in
   }
 }
 
-// A forward or backward call: the checks (the params, then before any tensor is read the
-// document offsets in warmup or the index entries, against the documents, in sparse mode), then
-// op(T{}) in the call's compute type T (with_compute_type, tensor.h).
-template <class Params>
-void checked_run(const Params& params, bool warmup, void (*op_float)(const Params&, bool),
-                 void (*op_double)(const Params&, bool)) {
-  validate(params, warmup);
-  const Problem& pr = params.problem;
-  if (warmup) {
-    validate_cu_seqlens_values(pr, pr.cu_seqlens);
-  } else {
-    validate_indices_values(pr, pr.cu_seqlens, params.indices);
-  }
-  with_compute_type(pr.dtype, [&](auto zero) {
-    (std::is_same_v<decltype(zero), double> ? op_double : op_float)(params, warmup);
-  });
-}
+// The forward (attention_forward.cc) and the backward (attention_backward.cc) of both modes in
+// compute type T (float, or double for float64 tensors), also that of the statistics; entry.cc
+// checks a call and runs it in its compute type.
+template <class T>
+void forward(const ForwardParams& params, bool warmup);
+template <class T>
+void backward(const BackwardParams& params, bool warmup);
 
 // The KL value (SPEC section 3): the mean of the per-row terms over the B * Hp * S rows, summed
 // in row order.
@@ -150,17 +140,19 @@ T kl_mean(const std::vector<double>& kl_rows, const Dims& d) {
 
 // Query row r = (b, p, i) of a call, in order: b, p, i, the group's first head h0 = p G, the
 // query's position pos among the keys, then the key ranges it attends (its selected blocks in
-// the documents, or every visible key in warmup: `indices` null) written to `ranges`, their
-// number and their key count.
+// the documents, or every visible key in warmup) written to `ranges`, their number and their key
+// count; the group's scaled query rows go to q [G, D] (load_queries).
 struct QueryRow {
   int64_t b, p, i, h0, pos, ranges, keys;
 };
-inline QueryRow query_row(const Dims& d, int64_t r, const int32_t* indices,
-                          const std::vector<int32_t>& starts, KeyRange* ranges) {
+template <class Params, class T>
+QueryRow query_row(const Params& params, const Dims& d, int64_t r, bool warmup,
+                   const std::vector<int32_t>& starts, KeyRange* ranges, T* q) {
   const int64_t b = r / (d.Hp * d.Sq), p = r / d.Sq % d.Hp, i = r % d.Sq, pos = d.Q0 + i;
-  const int32_t* row = indices ? indices + r * d.K : nullptr;
+  const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
   const int64_t nr =
       attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + pos)], pos, ranges);
+  load_queries(params, d, b, p * d.G, i, q);
   return {b, p, i, p * d.G, pos, nr, key_count(ranges, nr)};
 }
 

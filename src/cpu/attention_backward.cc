@@ -35,7 +35,8 @@ void reduce_store(DType dtype, const std::vector<std::vector<T>>& acc, const Mut
   });
 }
 
-// T: the compute type (float, or double for float64 tensors), also that of the statistics.
+}  // namespace
+
 template <class T>
 void backward(const BackwardParams& params, bool warmup) {
   const Problem& pr = params.problem;
@@ -69,8 +70,7 @@ void backward(const BackwardParams& params, bool warmup) {
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
     for (int64_t r; rows.next(r);) {
       const auto [b, p, i, h0, pos, nr, n] =
-          query_row(d, r, warmup ? nullptr : params.indices, starts, ranges.data());
-      load_queries(params, d, b, h0, i, q.data());
+          query_row(params, d, r, warmup, starts, ranges.data(), q.data());
       for (int64_t g = 0; g < d.G; ++g) {
         const size_t at = static_cast<size_t>(g * d.D);
         load_row(pr.dtype, params.dout.data, offset(params.dout, b, h0 + g, i), d.D, &dout[at]);
@@ -136,13 +136,7 @@ void backward(const BackwardParams& params, bool warmup) {
   reduce_store(pr.dtype, dkp_acc, params.dkp, d.B, d.Hpk, d.S, d.Dp);
 }
 
-}  // namespace
-
-void sparse_backward(const BackwardParams& params) {
-  checked_run(params, false, backward<float>, backward<double>);
-}
-void warmup_backward(const BackwardParams& params) {
-  checked_run(params, true, backward<float>, backward<double>);
-}
+template void backward<float>(const BackwardParams&, bool);
+template void backward<double>(const BackwardParams&, bool);
 
 }  // namespace flash_msa::cpu

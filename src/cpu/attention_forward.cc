@@ -15,9 +15,7 @@
 #include "flash_msa/cpu.h"
 
 namespace flash_msa::cpu {
-namespace {
 
-// T: the compute type (float, or double for float64 tensors), also that of the statistics.
 template <class T>
 void forward(const ForwardParams& params, bool warmup) {
   const Problem& pr = params.problem;
@@ -41,8 +39,7 @@ void forward(const ForwardParams& params, bool warmup) {
     std::vector<KeyRange> ranges(static_cast<size_t>(warmup ? 1 : d.K));
     for (int64_t r; rows.next(r);) {
       const auto [b, p, i, h0, pos, nr, n] =
-          query_row(d, r, warmup ? nullptr : params.indices, starts, ranges.data());
-      load_queries(params, d, b, h0, i, q.data());
+          query_row(params, d, r, warmup, starts, ranges.data(), q.data());
       group_dots(d, b, h0, q.data(), k, ranges.data(), nr, a.data(), n);
       std::fill(teacher.begin(), teacher.begin() + n, T(0));
       for (int64_t g = 0; g < d.G; ++g) {
@@ -78,13 +75,7 @@ void forward(const ForwardParams& params, bool warmup) {
   if (kl_out) *kl_out = kl_mean<T>(kl_rows, d);
 }
 
-}  // namespace
-
-void sparse_forward(const ForwardParams& params) {
-  checked_run(params, false, forward<float>, forward<double>);
-}
-void warmup_forward(const ForwardParams& params) {
-  checked_run(params, true, forward<float>, forward<double>);
-}
+template void forward<float>(const ForwardParams&, bool);
+template void forward<double>(const ForwardParams&, bool);
 
 }  // namespace flash_msa::cpu
