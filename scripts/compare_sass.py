@@ -16,9 +16,9 @@ A kernel at "same" or "params" runs the same code on the same values: a refactor
 every kernel there changes no result and no kernel's speed beyond its parameter loads.
 
 usage: python3 scripts/compare_sass.py REV [--arch 90a] [--jobs N] [--only SUBSTRING]
-nvcc: $NVCC, on PATH or /usr/local/cuda/bin/nvcc. nvdisasm: on PATH, or
-`python3 -m pip install nvidia-cuda-nvdisasm==13.5.37` (found under site-packages). Exit status
-1 where a kernel DIFFERS.
+nvcc: $NVCC, on PATH or /usr/local/cuda/bin/nvcc. nvdisasm: on PATH, or the pip package
+nvidia-cuda-nvdisasm that scripts/install_deps.sh installs into .venv (run this script with
+.venv/bin/python). Exit status 1 where a kernel DIFFERS.
 """
 import argparse
 import collections

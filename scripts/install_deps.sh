@@ -15,7 +15,8 @@ PY_PACKAGES=(torch==2.11.0 numpy==2.4.6 setuptools==81.0.0 wheel==0.48.0 ninja==
              pytest==9.2.0 hypothesis==6.170.29  # the tests; hypothesis: tests/python/test_fuzz.py
              matplotlib==3.11.2  # the plots of examples/ and bench/report.py
              transformers==5.25.0  # flash_msa.hf and tests/python/test_hf*.py
-             accelerate==1.15.0)  # transformers.Trainer, in tests/python/test_hf_train.py
+             accelerate==1.15.0  # transformers.Trainer, in tests/python/test_hf_train.py
+             nvidia-cuda-nvdisasm==13.5.37)  # scripts/compare_sass.py and its test
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
