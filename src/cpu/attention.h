@@ -111,17 +111,6 @@ void proxy_dots(const Dims& d, int64_t b, int64_t pk, const T* row, const Packed
   });
 }
 
-// The G query rows of query i's group (heads h0 ..), scaled by the main scale, into q [G, D].
-template <class Params, class T>
-void load_queries(const Params& params, const Dims& d, int64_t b, int64_t h0, int64_t i, T* q) {
-  const Problem& pr = params.problem;
-  for (int64_t g = 0; g < d.G; ++g) {
-    T* row = q + g * d.D;
-    load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, row);
-    for (int64_t c = 0; c < d.D; ++c) row[c] *= pr.scale;
-  }
-}
-
 // The forward (attention_forward.cc) and the backward (attention_backward.cc) of both modes in
 // compute type T (float, or double for float64 tensors), also that of the statistics; entry.cc
 // checks a call and runs it in its compute type.
@@ -141,19 +130,25 @@ T kl_mean(const std::vector<double>& kl_rows, const Dims& d) {
 // Query row r = (b, p, i) of a call, in order: b, p, i, the group's first head h0 = p G, the
 // query's position pos among the keys, then the key ranges it attends (its selected blocks in
 // the documents, or every visible key in warmup) written to `ranges`, their number and their key
-// count; the group's scaled query rows go to q [G, D] (load_queries).
+// count; the group's G query rows, scaled by the main scale, go to q [G, D].
 struct QueryRow {
   int64_t b, p, i, h0, pos, ranges, keys;
 };
 template <class Params, class T>
 QueryRow query_row(const Params& params, const Dims& d, int64_t r, bool warmup,
                    const std::vector<int32_t>& starts, KeyRange* ranges, T* q) {
+  const Problem& pr = params.problem;
   const int64_t b = r / (d.Hp * d.Sq), p = r / d.Sq % d.Hp, i = r % d.Sq, pos = d.Q0 + i;
+  const int64_t h0 = p * d.G;
   const int32_t* row = warmup ? nullptr : params.indices + r * d.K;
   const int64_t nr =
       attended_ranges(row, d.K, starts[static_cast<size_t>(b * d.S + pos)], pos, ranges);
-  load_queries(params, d, b, p * d.G, i, q);
-  return {b, p, i, p * d.G, pos, nr, key_count(ranges, nr)};
+  for (int64_t g = 0; g < d.G; ++g) {
+    T* qg = q + g * d.D;
+    load_row(pr.dtype, params.q.data, offset(params.q, b, h0 + g, i), d.D, qg);
+    for (int64_t c = 0; c < d.D; ++c) qg[c] *= pr.scale;
+  }
+  return {b, p, i, h0, pos, nr, key_count(ranges, nr)};
 }
 
 // The largest attended-key count of any query: K blocks, or every key in warmup.
